@@ -1,0 +1,1 @@
+"""Side-effect contracts (tools), step contracts (workflows), and where they are registered."""

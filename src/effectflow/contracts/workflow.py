@@ -1,0 +1,151 @@
+"""Workflows and step contracts.
+
+A workflow is ordinary code that calls ``ctx.call(step_id, tool, ...)``. It is re-executed from the top
+on resume: steps the ledger already confirmed return their recorded output without calling anything, so
+the code must reach its steps in the same order for the same input (no branching on the wall clock or
+on randomness outside a recorded step).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import inspect
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, Generic, ParamSpec, TypeVar
+
+from effectflow import errors
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+class WhenNotCommitted(enum.StrEnum):
+    """What to do when an attempt provably did not commit."""
+
+    #: Retry with the original key, within the retry budget.
+    RETRY_WITH_ORIGINAL_KEY = "retry_with_original_key"
+    #: Pause the run for a person.
+    PAUSE = "pause"
+    #: Fail the step (and the run, unless the workflow handles it).
+    FAIL = "fail"
+
+
+class WhenUnknown(enum.StrEnum):
+    """What to do when an outcome is unknown (crash or timeout between intent and outcome)."""
+
+    #: Confirm through the lookup tool (or retry an idempotent call with its key), then pause.
+    RECONCILE_THEN_PAUSE = "reconcile_then_pause"
+    #: Pause the run for a person at once.
+    PAUSE = "pause"
+
+
+class WhenConfirmed(enum.StrEnum):
+    """What to do with a step that is already confirmed."""
+
+    #: Skip the call and return the recorded output.
+    SKIP_AND_CONTINUE = "skip_and_continue"
+
+
+@dataclasses.dataclass(frozen=True)
+class StepContract:
+    """Per-step recovery contract (the seed's ``workflow_step``)."""
+
+    #: The stable id of the step within its workflow.
+    step_id: str
+    #: The tool this step must call (``name@version``); checked at call time when given.
+    tool: str | None = None
+    #: Template of the logical operation id, formatted with the run's input (``op_case_{case_id}``).
+    logical_operation_id: str | None = None
+    #: Completion state the step requires (overrides the tool's ``completion.required``).
+    required_state: str | None = None
+    #: Result field that proves completion.
+    evidence: str | None = None
+    #: Policy for a confirmed step.
+    when_confirmed: WhenConfirmed = WhenConfirmed.SKIP_AND_CONTINUE
+    #: Policy for a provably uncommitted attempt.
+    when_not_committed: WhenNotCommitted = WhenNotCommitted.RETRY_WITH_ORIGINAL_KEY
+    #: Policy for an unknown outcome.
+    when_unknown: WhenUnknown = WhenUnknown.RECONCILE_THEN_PAUSE
+    #: Business condition that triggers compensation (``goal_abandoned``); None = never automatic.
+    compensation_trigger: str | None = None
+    #: Whether compensation runs without a person when triggered.
+    compensation_automatic: bool | None = None
+    #: Free-text strategy (``send_correction_if_business_required``) shown to operators.
+    compensation_strategy: str | None = None
+
+    def operation_id_for(self, run_input: Mapping[str, Any]) -> str | None:
+        """The logical operation id with the run's input substituted.
+
+        Raises:
+            errors.ContractError: when the template names an input the run does not have.
+        """
+        if self.logical_operation_id is None:
+            return None
+        try:
+            return self.logical_operation_id.format(**run_input)
+        except (KeyError, IndexError) as exc:
+            raise errors.ContractError(
+                f"step {self.step_id}: logical_operation_id template "
+                f"{self.logical_operation_id!r} names {exc} which the run's input lacks"
+            ) from None
+
+
+class Workflow(Generic[P, R]):
+    """A registered workflow function and its step contracts."""
+
+    def __init__(
+        self,
+        fn: Callable[..., R],
+        name: str,
+        version: str,
+        steps: Iterable[StepContract] = (),
+    ) -> None:
+        self.fn = fn
+        self.name = name
+        self.version = version
+        self.is_async = inspect.iscoroutinefunction(fn)
+        self.steps: dict[str, StepContract] = {}
+        for step in steps:
+            if step.step_id in self.steps:
+                raise errors.ContractError(
+                    f"workflow {name}: step {step.step_id!r} has two contracts; keep one"
+                )
+            self.steps[step.step_id] = step
+        params = list(inspect.signature(fn).parameters)
+        if not params:
+            raise errors.ContractError(
+                f"workflow {name}: {fn.__qualname__} must take the context as its first parameter"
+            )
+        self.__doc__ = fn.__doc__
+        self.__name__ = getattr(fn, "__name__", name)
+        self.__qualname__ = getattr(fn, "__qualname__", name)
+
+    def with_steps(self, steps: Iterable[StepContract]) -> Workflow[P, R]:
+        """A copy with more step contracts (e.g. loaded from YAML)."""
+        return Workflow(self.fn, self.name, self.version, [*self.steps.values(), *steps])
+
+    def __repr__(self) -> str:
+        return f"<Workflow {self.name}@{self.version}>"
+
+
+def workflow(
+    name: str,
+    *,
+    version: str | int = 1,
+    steps: Iterable[StepContract] = (),
+    register: bool = True,
+) -> Callable[[Callable[..., R]], Workflow[..., R]]:
+    """Declare a workflow. Its function takes ``ctx`` first, then keyword input."""
+    if not name:
+        raise errors.ContractError("a workflow needs a non-empty name")
+
+    def decorate(fn: Callable[..., R]) -> Workflow[..., R]:
+        made: Workflow[..., R] = Workflow(fn, name, str(version), steps)
+        if register:
+            from effectflow.contracts import registry
+
+            registry.DEFAULT.add_workflow(made)
+        return made
+
+    return decorate

@@ -1,0 +1,1 @@
+"""Test helpers that ship with effectflow: simulated providers and fault plans."""
