@@ -1,0 +1,37 @@
+"""Simulated external providers: the outside world that effectflow's tests call.
+
+Each provider keeps its state in its own SQLite file, apart from the runtime's ledger, so that
+after a worker process is killed at any instant the provider's file still tells what really
+happened. Fault rules (:meth:`~effectflow.testing._base.SqliteProvider.inject`) are stored in
+that file too, so a test can arrange a lost response for a call that a worker subprocess makes.
+
+- :class:`MailProvider`: asynchronous sends, keys with retention, status lookup.
+- :class:`CrmProvider`: idempotent upsert by external id.
+- :class:`NotifyProvider`: not idempotent, but searchable by a client tag.
+"""
+
+from __future__ import annotations
+
+from effectflow.testing._base import (
+    FaultKind,
+    IdempotencyKeyReused,
+    ProviderError,
+    ProviderRejected,
+    ProviderTimeout,
+    ProviderUnavailable,
+)
+from effectflow.testing.crm import CrmProvider
+from effectflow.testing.mail import MailProvider
+from effectflow.testing.notify import NotifyProvider
+
+__all__ = [
+    "CrmProvider",
+    "FaultKind",
+    "IdempotencyKeyReused",
+    "MailProvider",
+    "NotifyProvider",
+    "ProviderError",
+    "ProviderRejected",
+    "ProviderTimeout",
+    "ProviderUnavailable",
+]
