@@ -1,0 +1,626 @@
+"""The embedded SQLite ledger: one file, WAL, stdlib ``sqlite3``.
+
+Durability: ``synchronous=FULL`` by default, so an intent that was committed survives power loss,
+not just a process crash (``?synchronous=normal`` in the URL trades that for speed; the benchmark
+says by how much). Writers take ``BEGIN IMMEDIATE`` so two processes on one file serialize instead of
+failing mid-transaction.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sqlite3
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from importlib import resources
+from pathlib import Path
+from typing import Any, TypeVar
+from urllib.parse import parse_qs, urlparse
+
+from effectflow import digests, errors
+from effectflow.ledger import audit as audit_chain
+from effectflow.ledger import records
+from effectflow.ledger.store import AuditProblem, Batch, DecisionRecord, OperationBinding
+
+T = TypeVar("T")
+
+_SYNC_MODES = {"off": "OFF", "normal": "NORMAL", "full": "FULL", "extra": "EXTRA"}
+
+#: Statuses in which a step's key binding must be kept even past retention.
+_UNSETTLED = (
+    records.StepStatus.INTENT_RECORDED,
+    records.StepStatus.UNKNOWN,
+    records.StepStatus.NEEDS_ATTENTION,
+    records.StepStatus.NOT_COMMITTED,
+    records.StepStatus.AWAITING_COMPLETION,
+)
+
+
+def parse_url(url: str) -> tuple[str, dict[str, str]]:
+    """The file path and options of a ``sqlite:///`` URL (or a plain path)."""
+    if "://" not in url:
+        return url, {}
+    parsed = urlparse(url)
+    path = parsed.path
+    if parsed.netloc:  # sqlite://relative/path is a common slip; read it as a relative path
+        path = parsed.netloc + path
+    elif path.startswith("/") and not path.startswith("//"):
+        path = path[1:]  # sqlite:///rel.db -> rel.db ; sqlite:////abs.db -> /abs.db
+    elif path.startswith("//"):
+        path = path[1:]
+    options = {key: values[-1] for key, values in parse_qs(parsed.query).items()}
+    if not path:
+        raise errors.ContractError(f"{url!r}: no database file; write sqlite:///path/to/effects.db")
+    return path, options
+
+
+def _dumps(value: Any) -> str | None:
+    return None if value is None else digests.canonical_json(value)
+
+
+def _loads(text: str | None) -> Any:
+    return None if text is None else json.loads(text)
+
+
+# Each record maps to a table whose columns are its fields, JSON-encoded where named ``*_json``.
+_JSON_FIELDS = {"input", "output", "error", "evidence", "detail"}
+
+
+def _column(field: str) -> str:
+    return f"{field}_json" if field in _JSON_FIELDS else field
+
+
+def _fields(cls: type[Any]) -> list[str]:
+    return [f.name for f in dataclasses.fields(cls)]
+
+
+_RUN_FIELDS = _fields(records.RunRecord)
+_STEP_FIELDS = _fields(records.StepRecord)
+_ATTEMPT_FIELDS = _fields(records.AttemptRecord)
+_EFFECT_FIELDS = _fields(records.EffectRecord)
+_AUDIT_FIELDS = _fields(records.AuditEvent)
+
+
+def _upsert_sql(table: str, fields: list[str], keys: tuple[str, ...]) -> str:
+    cols = [_column(f) for f in fields]
+    updates = ", ".join(f"{c} = excluded.{c}" for c in cols if c not in keys)
+    return (
+        f"INSERT INTO {table} ({', '.join(cols)}) VALUES ({', '.join('?' for _ in cols)}) "
+        f"ON CONFLICT ({', '.join(keys)}) DO UPDATE SET {updates}"
+    )
+
+
+_UPSERT_STEP = _upsert_sql("steps", _STEP_FIELDS, ("run_id", "step_id"))
+_UPSERT_ATTEMPT = _upsert_sql("attempts", _ATTEMPT_FIELDS, ("attempt_id",))
+_UPSERT_EFFECT = _upsert_sql("effects", _EFFECT_FIELDS, ("effect_id",))
+_RUN_COLUMNS = [_column(f) for f in _RUN_FIELDS]
+_INSERT_RUN = (
+    f"INSERT INTO runs ({', '.join(_RUN_COLUMNS)}, audit_head, audit_count) "
+    f"VALUES ({', '.join('?' for _ in _RUN_COLUMNS)}, ?, 0)"
+)
+
+
+def _row_values(record: Any, fields: list[str]) -> list[Any]:
+    values = []
+    for field in fields:
+        value = getattr(record, field)
+        values.append(_dumps(value) if field in _JSON_FIELDS else value)
+    return values
+
+
+def _from_row(cls: type[T], fields: list[str], row: sqlite3.Row) -> T:
+    kwargs = {f: (_loads(row[_column(f)]) if f in _JSON_FIELDS else row[f]) for f in fields}
+    return cls(**kwargs)
+
+
+def _run(row: sqlite3.Row) -> records.RunRecord:
+    run = _from_row(records.RunRecord, _RUN_FIELDS, row)
+    return dataclasses.replace(
+        run, status=records.RunStatus(run.status), next_action=records.NextAction(run.next_action)
+    )
+
+
+def _step(row: sqlite3.Row) -> records.StepRecord:
+    step = _from_row(records.StepRecord, _STEP_FIELDS, row)
+    return dataclasses.replace(
+        step,
+        status=records.StepStatus(step.status),
+        next_action=records.NextAction(step.next_action),
+    )
+
+
+def _attempt(row: sqlite3.Row) -> records.AttemptRecord:
+    att = _from_row(records.AttemptRecord, _ATTEMPT_FIELDS, row)
+    return dataclasses.replace(
+        att,
+        kind=records.AttemptKind(att.kind),
+        outcome=None if att.outcome is None else records.Outcome(att.outcome),
+    )
+
+
+def _effect(row: sqlite3.Row) -> records.EffectRecord:
+    eff = _from_row(records.EffectRecord, _EFFECT_FIELDS, row)
+    return dataclasses.replace(
+        eff,
+        status=records.StepStatus(eff.status),
+        next_action=records.NextAction(eff.next_action),
+    )
+
+
+class SQLiteStore:
+    """A ledger in one SQLite file. Thread-safe: one connection behind a lock."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        path, options = parse_url(url)
+        sync = options.get("synchronous", "full").lower()
+        if sync not in _SYNC_MODES:
+            raise errors.ContractError(
+                f"{url!r}: synchronous={sync!r}; use one of {sorted(_SYNC_MODES)}"
+            )
+        #: The database file.
+        self.path = path
+        #: The ``PRAGMA synchronous`` mode in force (FULL survives power loss).
+        self.synchronous = _SYNC_MODES[sync]
+        if path != ":memory:":
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.RLock()
+        self._conn = sqlite3.connect(
+            path, isolation_level=None, check_same_thread=False, timeout=30.0
+        )
+        self._conn.row_factory = sqlite3.Row
+        self._conn.execute("PRAGMA journal_mode=WAL")
+        self._conn.execute(f"PRAGMA synchronous={self.synchronous}")
+        self._conn.execute("PRAGMA busy_timeout=30000")
+        self.migrate()
+
+    # -- schema ---------------------------------------------------------------------------------
+
+    def migrate(self) -> list[int]:
+        """Apply the migrations this file has not seen; returns the versions applied."""
+        applied: list[int] = []
+        with self._write() as conn:
+            conn.execute(
+                "CREATE TABLE IF NOT EXISTS schema_migrations "
+                "(version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at REAL NOT NULL)"
+            )
+            done = {row[0] for row in conn.execute("SELECT version FROM schema_migrations")}
+            for version, name, sql in migrations():
+                if version in done:
+                    continue
+                for statement in _split_sql(sql):
+                    conn.execute(statement)
+                conn.execute(
+                    "INSERT INTO schema_migrations (version, name, applied_at) "
+                    "VALUES (?, ?, strftime('%s','now'))",
+                    (version, name),
+                )
+                applied.append(version)
+        return applied
+
+    def schema_version(self) -> int:
+        """The newest migration applied to this file."""
+        row = self._conn.execute("SELECT max(version) FROM schema_migrations").fetchone()
+        return int(row[0] or 0)
+
+    @contextmanager
+    def _write(self) -> Iterator[sqlite3.Connection]:
+        with self._lock:
+            self._conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._conn
+            except BaseException:
+                self._conn.execute("ROLLBACK")
+                raise
+            else:
+                self._conn.execute("COMMIT")
+
+    # -- writes ---------------------------------------------------------------------------------
+
+    def apply(self, batch: Batch, *, lease_ttl: float, now: float) -> None:
+        """Commit one batch in one transaction (see ``LedgerStore.apply``)."""
+        with self._write() as conn:
+            self._apply_txn(conn, batch, lease_ttl=lease_ttl, now=now)
+
+    def apply_many(
+        self, batches: Sequence[Batch], *, lease_ttl: float, now: float
+    ) -> list[Exception | None]:
+        """Group commit: every batch in one transaction, each inside a savepoint so one refused
+        batch does not sink the others."""
+        results: list[Exception | None] = []
+        with self._write() as conn:
+            for batch in batches:
+                conn.execute("SAVEPOINT batch")
+                try:
+                    self._apply_txn(conn, batch, lease_ttl=lease_ttl, now=now)
+                except (errors.LeaseLost, errors.IdempotencyConflict) as exc:
+                    conn.execute("ROLLBACK TO batch")
+                    results.append(exc)
+                else:
+                    results.append(None)
+                conn.execute("RELEASE batch")
+        return results
+
+    def _apply_txn(
+        self, conn: sqlite3.Connection, batch: Batch, *, lease_ttl: float, now: float
+    ) -> None:
+        if batch.new_run is not None:
+            run = batch.new_run
+            conn.execute(
+                _INSERT_RUN,
+                [*_row_values(run, _RUN_FIELDS), audit_chain.genesis(run.run_id)],
+            )
+        if batch.lease_token is not None:
+            head = conn.execute(
+                "UPDATE runs SET lease_expires_at = ? WHERE run_id = ? AND lease_token = ? "
+                "RETURNING audit_head, audit_count",
+                (now + lease_ttl, batch.run_id, batch.lease_token),
+            ).fetchone()
+            if head is None:
+                raise errors.LeaseLost(
+                    f"run {batch.run_id}: lease token {batch.lease_token} is no longer current; "
+                    "another worker owns the run, so this process writes nothing",
+                    run_id=batch.run_id,
+                )
+        else:
+            head = conn.execute(
+                "SELECT audit_head, audit_count FROM runs WHERE run_id = ?", (batch.run_id,)
+            ).fetchone()
+            if head is None:
+                raise errors.RunNotFound(f"run {batch.run_id} does not exist", run_id=batch.run_id)
+        for op in batch.operations:
+            self._bind_operation_txn(conn, op)
+        for decision in batch.decisions:
+            conn.execute(
+                "INSERT INTO decisions (decision_id, tenant, params_digest, effect_id, decided_at) "
+                "VALUES (?, ?, ?, ?, ?)",
+                (
+                    decision.decision_id,
+                    decision.tenant,
+                    decision.params_digest,
+                    decision.effect_id,
+                    decision.decided_at,
+                ),
+            )
+        if batch.steps:
+            conn.executemany(
+                _UPSERT_STEP, [_row_values(s, _STEP_FIELDS) for s in batch.steps.values()]
+            )
+        if batch.effects:
+            conn.executemany(
+                _UPSERT_EFFECT, [_row_values(e, _EFFECT_FIELDS) for e in batch.effects.values()]
+            )
+        if batch.attempts:
+            conn.executemany(
+                _UPSERT_ATTEMPT, [_row_values(a, _ATTEMPT_FIELDS) for a in batch.attempts.values()]
+            )
+        changes = dict(batch.run_changes)
+        if batch.audit:
+            prev, count = head["audit_head"], head["audit_count"]
+            rows = []
+            for draft in batch.audit:
+                digest = audit_chain.event_hash(
+                    prev,
+                    run_id=batch.run_id,
+                    step_id=draft.step_id,
+                    effect_id=draft.effect_id,
+                    kind=draft.kind,
+                    actor=draft.actor,
+                    detail=draft.detail,
+                    at=draft.at,
+                )
+                rows.append(
+                    (
+                        batch.run_id,
+                        draft.step_id,
+                        draft.effect_id,
+                        draft.kind,
+                        draft.actor,
+                        digests.canonical_json(draft.detail),
+                        draft.at,
+                        prev,
+                        digest,
+                    )
+                )
+                prev = digest
+                count += 1
+            conn.executemany(
+                "INSERT INTO audit (run_id, step_id, effect_id, kind, actor, detail_json, at, "
+                "prev_hash, hash) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                rows,
+            )
+            changes["audit_head"] = prev
+            changes["audit_count"] = count
+        if changes:
+            changes.setdefault("updated_at", now)
+            cols = [(_column(k), _dumps(v) if k in _JSON_FIELDS else v) for k, v in changes.items()]
+            conn.execute(
+                f"UPDATE runs SET {', '.join(f'{c} = ?' for c, _ in cols)} WHERE run_id = ?",
+                [*(v for _, v in cols), batch.run_id],
+            )
+
+    def _bind_operation_txn(self, conn: sqlite3.Connection, op: OperationBinding) -> None:
+        cur = conn.execute(
+            "INSERT INTO operations (tenant, logical_operation_id, idempotency_key, request_digest, "
+            "tool, run_id, step_id, created_at, key_expires_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) "
+            "ON CONFLICT DO NOTHING",
+            (
+                op.tenant,
+                op.logical_operation_id,
+                op.idempotency_key,
+                op.request_digest,
+                op.tool,
+                op.run_id,
+                op.step_id,
+                op.created_at,
+                op.key_expires_at,
+            ),
+        )
+        if cur.rowcount == 1:
+            return
+        row = conn.execute(
+            "SELECT request_digest, run_id, step_id FROM operations "
+            "WHERE tenant = ? AND logical_operation_id = ?",
+            (op.tenant, op.logical_operation_id),
+        ).fetchone()
+        if row is None or row["request_digest"] != op.request_digest:
+            raise errors.IdempotencyConflict(
+                f"logical operation {op.logical_operation_id!r} is already bound to another "
+                "request; a new request needs a new operation id",
+                run_id=op.run_id,
+                step_id=op.step_id,
+                idempotency_key=op.idempotency_key,
+            )
+
+    def claim(
+        self, run_id: str, *, owner: str, expected_token: int, ttl: float, now: float
+    ) -> records.RunRecord | None:
+        """Take the lease by compare-and-swap on the token (see ``LedgerStore.claim``)."""
+        with self._write() as conn:
+            row = conn.execute(
+                "UPDATE runs SET lease_owner = ?, lease_token = lease_token + 1, "
+                "lease_expires_at = ? WHERE run_id = ? AND lease_token = ? RETURNING *",
+                (owner, now + ttl, run_id, expected_token),
+            ).fetchone()
+        return None if row is None else _run(row)
+
+    def release(self, run_id: str, *, token: int) -> None:
+        """Give the lease up."""
+        with self._write() as conn:
+            conn.execute(
+                "UPDATE runs SET lease_owner = NULL, lease_expires_at = NULL "
+                "WHERE run_id = ? AND lease_token = ?",
+                (run_id, token),
+            )
+
+    def purge_expired_keys(self, *, now: float) -> int:
+        """Drop bindings past retention whose step is settled."""
+        placeholders = ", ".join("?" for _ in _UNSETTLED)
+        with self._write() as conn:
+            cur = conn.execute(
+                "DELETE FROM operations WHERE key_expires_at < ? AND NOT EXISTS ("
+                "SELECT 1 FROM steps s WHERE s.run_id = operations.run_id "
+                f"AND s.step_id = operations.step_id AND s.status IN ({placeholders}))",
+                (now, *_UNSETTLED),
+            )
+            return cur.rowcount
+
+    # -- reads ----------------------------------------------------------------------------------
+
+    def _all(self, sql: str, params: Sequence[Any] = ()) -> list[sqlite3.Row]:
+        with self._lock:
+            return self._conn.execute(sql, params).fetchall()
+
+    def get_run(self, run_id: str, *, tenant: str | None = None) -> records.RunRecord | None:
+        """The run, or None (None too for another tenant's run)."""
+        rows = self._all("SELECT * FROM runs WHERE run_id = ?", (run_id,))
+        if not rows or (tenant is not None and rows[0]["tenant"] != tenant):
+            return None
+        return _run(rows[0])
+
+    def list_runs(
+        self,
+        *,
+        tenant: str | None,
+        statuses: Sequence[str] | None = None,
+        limit: int = 100,
+        before: float | None = None,
+    ) -> list[records.RunRecord]:
+        """Newest first."""
+        where, params = _filters(tenant=tenant, statuses=statuses)
+        if before is not None:
+            where.append("created_at < ?")
+            params.append(before)
+        sql = "SELECT * FROM runs"
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        sql += " ORDER BY created_at DESC LIMIT ?"
+        return [_run(r) for r in self._all(sql, [*params, limit])]
+
+    def runs_to_recover(self, *, now: float, limit: int = 100) -> list[records.RunRecord]:
+        """Running runs with no live lease."""
+        rows = self._all(
+            "SELECT * FROM runs WHERE status = 'running' "
+            "AND (lease_expires_at IS NULL OR lease_expires_at < ?) ORDER BY created_at LIMIT ?",
+            (now, limit),
+        )
+        return [_run(r) for r in rows]
+
+    def leased_running_runs(self, *, limit: int = 1000) -> list[records.RunRecord]:
+        """Running runs that still hold a lease (the runtime checks whether the holder lives)."""
+        rows = self._all(
+            "SELECT * FROM runs WHERE status = 'running' AND lease_expires_at IS NOT NULL "
+            "ORDER BY created_at LIMIT ?",
+            (limit,),
+        )
+        return [_run(r) for r in rows]
+
+    def steps(self, run_id: str) -> list[records.StepRecord]:
+        """Steps in order."""
+        return [
+            _step(r) for r in self._all("SELECT * FROM steps WHERE run_id = ? ORDER BY seq", (run_id,))
+        ]
+
+    def attempts(self, run_id: str, step_id: str | None = None) -> list[records.AttemptRecord]:
+        """Attempts in order."""
+        if step_id is None:
+            rows = self._all(
+                "SELECT * FROM attempts WHERE run_id = ? ORDER BY started_at, number", (run_id,)
+            )
+        else:
+            rows = self._all(
+                "SELECT * FROM attempts WHERE run_id = ? AND step_id = ? ORDER BY number",
+                (run_id, step_id),
+            )
+        return [_attempt(r) for r in rows]
+
+    def effects(
+        self,
+        *,
+        tenant: str | None,
+        run_id: str | None = None,
+        statuses: Sequence[str] | None = None,
+        limit: int = 1000,
+    ) -> list[records.EffectRecord]:
+        """Effects, oldest first."""
+        where, params = _filters(tenant=tenant, statuses=statuses)
+        if run_id is not None:
+            where.append("run_id = ?")
+            params.append(run_id)
+        sql = "SELECT * FROM effects"
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        sql += " ORDER BY created_at LIMIT ?"
+        return [_effect(r) for r in self._all(sql, [*params, limit])]
+
+    def get_effect(self, effect_id: str, *, tenant: str | None = None) -> records.EffectRecord | None:
+        """One effect, or None."""
+        rows = self._all("SELECT * FROM effects WHERE effect_id = ?", (effect_id,))
+        if not rows or (tenant is not None and rows[0]["tenant"] != tenant):
+            return None
+        return _effect(rows[0])
+
+    def get_operation(self, tenant: str, logical_operation_id: str) -> OperationBinding | None:
+        """The binding, or None."""
+        rows = self._all(
+            "SELECT * FROM operations WHERE tenant = ? AND logical_operation_id = ?",
+            (tenant, logical_operation_id),
+        )
+        return OperationBinding(**dict(rows[0])) if rows else None
+
+    def get_decision(self, decision_id: str) -> DecisionRecord | None:
+        """A pinned decision, or None."""
+        rows = self._all("SELECT * FROM decisions WHERE decision_id = ?", (decision_id,))
+        return DecisionRecord(**dict(rows[0])) if rows else None
+
+    def audit(self, run_id: str) -> list[records.AuditEvent]:
+        """The run's audit events in order."""
+        rows = self._all("SELECT * FROM audit WHERE run_id = ? ORDER BY seq", (run_id,))
+        return [_from_row(records.AuditEvent, _AUDIT_FIELDS, r) for r in rows]
+
+    def verify_audit(self, run_id: str | None = None) -> list[AuditProblem]:
+        """Recompute every chain (or one run's) and compare with the heads on the runs."""
+        if run_id is None:
+            heads = self._all("SELECT run_id, audit_head, audit_count FROM runs ORDER BY run_id")
+        else:
+            heads = self._all(
+                "SELECT run_id, audit_head, audit_count FROM runs WHERE run_id = ?", (run_id,)
+            )
+        problems: list[AuditProblem] = []
+        for head in heads:
+            rid = head["run_id"]
+            prev = audit_chain.genesis(rid)
+            count = 0
+            for event in self.audit(rid):
+                count += 1
+                if event.prev_hash != prev:
+                    problems.append(
+                        AuditProblem(rid, event.seq, "prev_hash does not match the previous event")
+                    )
+                expected = audit_chain.event_hash(
+                    prev,
+                    run_id=event.run_id,
+                    step_id=event.step_id,
+                    effect_id=event.effect_id,
+                    kind=event.kind,
+                    actor=event.actor,
+                    detail=event.detail,
+                    at=event.at,
+                )
+                if event.hash != expected:
+                    problems.append(
+                        AuditProblem(rid, event.seq, "content does not match its hash (edited)")
+                    )
+                prev = event.hash
+            if count != head["audit_count"] or prev != head["audit_head"]:
+                problems.append(
+                    AuditProblem(
+                        rid,
+                        None,
+                        f"chain has {count} events ending in {prev[:12]}, the run records "
+                        f"{head['audit_count']} ending in {head['audit_head'][:12]} "
+                        "(events were removed or added)",
+                    )
+                )
+        orphans = self._all(
+            "SELECT DISTINCT run_id FROM audit WHERE run_id NOT IN (SELECT run_id FROM runs)"
+        )
+        problems.extend(
+            AuditProblem(r["run_id"], None, "events of a run that does not exist") for r in orphans
+        )
+        return problems
+
+    def close(self) -> None:
+        """Close the connection."""
+        with self._lock:
+            self._conn.close()
+
+    def __repr__(self) -> str:
+        return f"SQLiteStore({self.path!r}, synchronous={self.synchronous}, pid={os.getpid()})"
+
+
+def _filters(
+    *, tenant: str | None, statuses: Sequence[str] | None
+) -> tuple[list[str], list[Any]]:
+    where: list[str] = []
+    params: list[Any] = []
+    if tenant is not None:
+        where.append("tenant = ?")
+        params.append(tenant)
+    if statuses:
+        where.append(f"status IN ({', '.join('?' for _ in statuses)})")
+        params.extend(statuses)
+    return where, params
+
+
+def migrations() -> list[tuple[int, str, str]]:
+    """The packaged migrations, ``(version, name, sql)`` in order."""
+    folder = resources.files("effectflow.ledger").joinpath("migrations", "sqlite")
+    found = []
+    for entry in folder.iterdir():
+        name = entry.name
+        if name.endswith(".sql"):
+            version = int(name.split("_", 1)[0])
+            found.append((version, name.removesuffix(".sql"), entry.read_text("utf-8")))
+    return sorted(found)
+
+
+def _split_sql(sql: str) -> list[str]:
+    """Statements of a migration; triggers keep their inner semicolons."""
+    statements: list[str] = []
+    buf: list[str] = []
+    for line in sql.splitlines():
+        stripped = line.strip()
+        if not buf and (not stripped or stripped.startswith("--")):
+            continue
+        buf.append(line)
+        text = "\n".join(buf)
+        if stripped.endswith(";") and sqlite3.complete_statement(text):
+            statements.append(text)
+            buf = []
+    if buf and "\n".join(buf).strip():
+        statements.append("\n".join(buf))
+    return statements

@@ -1,0 +1,295 @@
+"""The storage interface every ledger backend implements, and the unit of durable writing.
+
+The write path never issues row-by-row writes: it builds a ``Batch`` (the rows one decision changes,
+plus its audit events) and the store applies it in one transaction, fenced by the run's lease token.
+Batches are data, so pure-step results can ride along with the next intent (one commit instead of
+two), and a backend can group-commit the batches of many runs in one transaction.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any, Protocol
+from urllib.parse import urlparse
+
+from effectflow import errors
+from effectflow.ledger import records
+
+
+@dataclasses.dataclass(frozen=True)
+class OperationBinding:
+    """A logical operation bound to one request digest and key (the ``operations`` table)."""
+
+    #: The tenant.
+    tenant: str
+    #: The business action's id.
+    logical_operation_id: str
+    #: Its idempotency key.
+    idempotency_key: str
+    #: The only request digest this operation may ever carry.
+    request_digest: str
+    #: The tool (``name@version``).
+    tool: str
+    #: The run whose step owns the operation.
+    run_id: str
+    #: That step.
+    step_id: str
+    #: When it was bound.
+    created_at: float
+    #: When the provider forgets the key (retention); purge may drop the binding after it.
+    key_expires_at: float
+
+
+@dataclasses.dataclass(frozen=True)
+class DecisionRecord:
+    """A person's decision, pinned by the caller's ``decision_id``."""
+
+    #: The caller's id for the decision.
+    decision_id: str
+    #: The tenant.
+    tenant: str
+    #: Digest of the decision's parameters: a replay must match it.
+    params_digest: str
+    #: The effect decided on.
+    effect_id: str
+    #: When.
+    decided_at: float
+
+
+@dataclasses.dataclass(frozen=True)
+class AuditDraft:
+    """An audit event before the store chains it (``seq`` and hashes are assigned on commit)."""
+
+    #: What was decided.
+    kind: str
+    #: Details: digests, codes, evidence; never raw arguments.
+    detail: dict[str, Any]
+    #: When.
+    at: float
+    #: The step, if any.
+    step_id: str | None = None
+    #: The effect, if any.
+    effect_id: str | None = None
+    #: Who decided.
+    actor: str = "runtime"
+
+
+@dataclasses.dataclass
+class Batch:
+    """Rows that change together, for one run, in one transaction.
+
+    Later rows for the same key replace earlier ones, so a batch that absorbed deferred writes still
+    writes each row once.
+    """
+
+    #: The run every row belongs to.
+    run_id: str
+    #: The lease token the writer holds; the store refuses the batch if it is stale. None = unfenced
+    #: (only for creating a run, or for a person's action on a run no worker holds).
+    lease_token: int | None
+    #: A run to insert (first batch of a run).
+    new_run: records.RunRecord | None = None
+    #: Columns of the run row to change (``status``, ``output``, ``error``, ...).
+    run_changes: dict[str, Any] = dataclasses.field(default_factory=dict)
+    #: Step rows to upsert, by step id.
+    steps: dict[str, records.StepRecord] = dataclasses.field(default_factory=dict)
+    #: Effect rows to upsert, by effect id.
+    effects: dict[str, records.EffectRecord] = dataclasses.field(default_factory=dict)
+    #: Attempt rows to upsert, by attempt id.
+    attempts: dict[str, records.AttemptRecord] = dataclasses.field(default_factory=dict)
+    #: Logical operations to bind (refused with IdempotencyConflict if bound to another digest).
+    operations: list[OperationBinding] = dataclasses.field(default_factory=list)
+    #: Decisions by people to pin.
+    decisions: list[DecisionRecord] = dataclasses.field(default_factory=list)
+    #: Audit events, in order.
+    audit: list[AuditDraft] = dataclasses.field(default_factory=list)
+
+    def step(self, step: records.StepRecord) -> None:
+        """Upsert a step row."""
+        self.steps[step.step_id] = step
+
+    def effect(self, effect: records.EffectRecord) -> None:
+        """Upsert an effect row."""
+        self.effects[effect.effect_id] = effect
+
+    def attempt(self, attempt: records.AttemptRecord) -> None:
+        """Upsert an attempt row."""
+        self.attempts[attempt.attempt_id] = attempt
+
+    def event(
+        self,
+        kind: str,
+        at: float,
+        *,
+        step_id: str | None = None,
+        effect_id: str | None = None,
+        actor: str = "runtime",
+        **detail: Any,
+    ) -> None:
+        """Append an audit event."""
+        self.audit.append(AuditDraft(kind, detail, at, step_id, effect_id, actor))
+
+    def absorb(self, later: Batch) -> None:
+        """Fold ``later`` into this batch (its rows win), keeping audit order."""
+        if later.new_run is not None:
+            self.new_run = later.new_run
+        self.run_changes.update(later.run_changes)
+        self.steps.update(later.steps)
+        self.effects.update(later.effects)
+        self.attempts.update(later.attempts)
+        self.operations.extend(later.operations)
+        self.decisions.extend(later.decisions)
+        self.audit.extend(later.audit)
+        if later.lease_token is not None:
+            self.lease_token = later.lease_token
+
+    @property
+    def empty(self) -> bool:
+        """Whether the batch writes nothing."""
+        return not (
+            self.new_run
+            or self.run_changes
+            or self.steps
+            or self.effects
+            or self.attempts
+            or self.operations
+            or self.decisions
+            or self.audit
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class AuditProblem:
+    """A place where the audit log does not verify."""
+
+    #: The run whose chain breaks.
+    run_id: str
+    #: The event's sequence number (None when the problem is the chain's head or length).
+    seq: int | None
+    #: What is wrong.
+    message: str
+
+
+class LedgerStore(Protocol):
+    """What the runtime needs from a ledger backend. One conformance suite tests every backend."""
+
+    #: The URL the store was opened with.
+    url: str
+
+    def apply(self, batch: Batch, *, lease_ttl: float, now: float) -> None:
+        """Commit ``batch`` in one transaction; renews the lease it is fenced by.
+
+        Raises:
+            errors.LeaseLost: the batch's lease token is not the run's current one; nothing written.
+            errors.IdempotencyConflict: an operation is bound to another digest; nothing written.
+        """
+        ...
+
+    def apply_many(self, batches: Sequence[Batch], *, lease_ttl: float, now: float) -> list[
+        Exception | None
+    ]:
+        """Commit several runs' batches in as few transactions as possible (group commit).
+
+        Returns, per batch, None or the error that refused it (the others still commit).
+        """
+        ...
+
+    def claim(
+        self, run_id: str, *, owner: str, expected_token: int, ttl: float, now: float
+    ) -> records.RunRecord | None:
+        """Take the run's lease if its token is still ``expected_token``; returns the run with the
+        new token, or None when someone else changed it first."""
+        ...
+
+    def release(self, run_id: str, *, token: int) -> None:
+        """Give the lease up (no-op if the token is stale)."""
+        ...
+
+    def get_run(self, run_id: str, *, tenant: str | None = None) -> records.RunRecord | None:
+        """The run, or None (also None when it belongs to another tenant)."""
+        ...
+
+    def list_runs(
+        self,
+        *,
+        tenant: str | None,
+        statuses: Sequence[str] | None = None,
+        limit: int = 100,
+        before: float | None = None,
+    ) -> list[records.RunRecord]:
+        """Newest first."""
+        ...
+
+    def runs_to_recover(self, *, now: float, limit: int = 100) -> list[records.RunRecord]:
+        """Runs marked ``running`` whose lease expired or was never taken."""
+        ...
+
+    def steps(self, run_id: str) -> list[records.StepRecord]:
+        """The run's steps in the order it reached them."""
+        ...
+
+    def attempts(self, run_id: str, step_id: str | None = None) -> list[records.AttemptRecord]:
+        """Attempts in order."""
+        ...
+
+    def effects(
+        self,
+        *,
+        tenant: str | None,
+        run_id: str | None = None,
+        statuses: Sequence[str] | None = None,
+        limit: int = 1000,
+    ) -> list[records.EffectRecord]:
+        """Effects, oldest first."""
+        ...
+
+    def get_effect(self, effect_id: str, *, tenant: str | None = None) -> records.EffectRecord | None:
+        """One effect, or None."""
+        ...
+
+    def get_operation(self, tenant: str, logical_operation_id: str) -> OperationBinding | None:
+        """The binding of a logical operation, or None."""
+        ...
+
+    def get_decision(self, decision_id: str) -> DecisionRecord | None:
+        """A pinned decision, or None."""
+        ...
+
+    def audit(self, run_id: str) -> list[records.AuditEvent]:
+        """The run's audit events in order."""
+        ...
+
+    def verify_audit(self, run_id: str | None = None) -> list[AuditProblem]:
+        """Recompute the hash chains; empty when the log is intact."""
+        ...
+
+    def purge_expired_keys(self, *, now: float) -> int:
+        """Drop operation bindings whose key retention passed and whose step is settled."""
+        ...
+
+    def close(self) -> None:
+        """Release connections."""
+        ...
+
+
+def open_store(url: str) -> LedgerStore:
+    """Open the backend a URL names, importing its driver only then.
+
+    ``sqlite:///relative.db``, ``sqlite:////absolute.db``, or a plain file path use SQLite.
+
+    Raises:
+        errors.ContractError: for a URL no backend understands.
+    """
+    scheme = urlparse(url).scheme if "://" in url else ""
+    if scheme in ("", "sqlite", "file"):
+        from effectflow.ledger import sqlite
+
+        return sqlite.SQLiteStore(url)
+    if scheme in ("postgres", "postgresql"):
+        raise errors.ContractError(
+            f"{url!r}: the PostgreSQL backend is not available in this version; use sqlite:///file.db"
+        )
+    raise errors.ContractError(
+        f"{url!r}: unknown ledger URL scheme {scheme!r}; use sqlite:///path.db or postgresql://..."
+    )
