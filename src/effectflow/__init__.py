@@ -1,1 +1,110 @@
-"""effectflow."""
+"""effectflow: run tool calls with real side effects, and know after any crash which happened.
+
+The public API is re-exported here; everything else lives in subpackages.
+"""
+
+from effectflow.contracts.lookup import Lookup, LookupStatus
+from effectflow.contracts.tool import (
+    CommitSemantics,
+    Compensation,
+    Completion,
+    EffectClass,
+    Idempotency,
+    RetryPolicy,
+    Tool,
+    ToolContract,
+    tool,
+)
+from effectflow.contracts.workflow import (
+    StepContract,
+    WhenConfirmed,
+    WhenNotCommitted,
+    WhenUnknown,
+    Workflow,
+    workflow,
+)
+from effectflow.errors import (
+    AbandonGoal,
+    ArgumentError,
+    Conflict,
+    ContractError,
+    ContractFileError,
+    EffectflowError,
+    EffectNotFound,
+    IdempotencyConflict,
+    LeaseLost,
+    NotCommitted,
+    OutcomeUnknown,
+    Rejected,
+    RetryBudgetExhausted,
+    RunNotFound,
+    StaleState,
+    StepFailed,
+    StepRejected,
+)
+from effectflow.ledger.records import (
+    AttemptRecord,
+    AuditEvent,
+    EffectRecord,
+    NextAction,
+    RunRecord,
+    RunStatus,
+    StepRecord,
+    StepStatus,
+)
+from effectflow.runtime.context import AsyncContext, Context
+from effectflow.runtime.runtime import Runtime
+
+Retry = RetryPolicy
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AbandonGoal",
+    "ArgumentError",
+    "AsyncContext",
+    "AttemptRecord",
+    "AuditEvent",
+    "CommitSemantics",
+    "Compensation",
+    "Completion",
+    "Conflict",
+    "Context",
+    "ContractError",
+    "ContractFileError",
+    "EffectClass",
+    "EffectNotFound",
+    "EffectRecord",
+    "EffectflowError",
+    "Idempotency",
+    "IdempotencyConflict",
+    "LeaseLost",
+    "Lookup",
+    "LookupStatus",
+    "NextAction",
+    "NotCommitted",
+    "OutcomeUnknown",
+    "Rejected",
+    "Retry",
+    "RetryBudgetExhausted",
+    "RetryPolicy",
+    "RunNotFound",
+    "RunRecord",
+    "RunStatus",
+    "Runtime",
+    "StaleState",
+    "StepContract",
+    "StepFailed",
+    "StepRecord",
+    "StepRejected",
+    "StepStatus",
+    "Tool",
+    "ToolContract",
+    "Workflow",
+    "WhenConfirmed",
+    "WhenNotCommitted",
+    "WhenUnknown",
+    "__version__",
+    "tool",
+    "workflow",
+]

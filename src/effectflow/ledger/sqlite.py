@@ -461,7 +461,8 @@ class SQLiteStore:
     def steps(self, run_id: str) -> list[records.StepRecord]:
         """Steps in order."""
         return [
-            _step(r) for r in self._all("SELECT * FROM steps WHERE run_id = ? ORDER BY seq", (run_id,))
+            _step(r)
+            for r in self._all("SELECT * FROM steps WHERE run_id = ? ORDER BY seq", (run_id,))
         ]
 
     def attempts(self, run_id: str, step_id: str | None = None) -> list[records.AttemptRecord]:
@@ -496,7 +497,9 @@ class SQLiteStore:
         sql += " ORDER BY created_at LIMIT ?"
         return [_effect(r) for r in self._all(sql, [*params, limit])]
 
-    def get_effect(self, effect_id: str, *, tenant: str | None = None) -> records.EffectRecord | None:
+    def get_effect(
+        self, effect_id: str, *, tenant: str | None = None
+    ) -> records.EffectRecord | None:
         """One effect, or None."""
         rows = self._all("SELECT * FROM effects WHERE effect_id = ?", (effect_id,))
         if not rows or (tenant is not None and rows[0]["tenant"] != tenant):
@@ -582,9 +585,7 @@ class SQLiteStore:
         return f"SQLiteStore({self.path!r}, synchronous={self.synchronous}, pid={os.getpid()})"
 
 
-def _filters(
-    *, tenant: str | None, statuses: Sequence[str] | None
-) -> tuple[list[str], list[Any]]:
+def _filters(*, tenant: str | None, statuses: Sequence[str] | None) -> tuple[list[str], list[Any]]:
     where: list[str] = []
     params: list[Any] = []
     if tenant is not None:

@@ -186,9 +186,9 @@ class LedgerStore(Protocol):
         """
         ...
 
-    def apply_many(self, batches: Sequence[Batch], *, lease_ttl: float, now: float) -> list[
-        Exception | None
-    ]:
+    def apply_many(
+        self, batches: Sequence[Batch], *, lease_ttl: float, now: float
+    ) -> list[Exception | None]:
         """Commit several runs' batches in as few transactions as possible (group commit).
 
         Returns, per batch, None or the error that refused it (the others still commit).
@@ -244,7 +244,9 @@ class LedgerStore(Protocol):
         """Effects, oldest first."""
         ...
 
-    def get_effect(self, effect_id: str, *, tenant: str | None = None) -> records.EffectRecord | None:
+    def get_effect(
+        self, effect_id: str, *, tenant: str | None = None
+    ) -> records.EffectRecord | None:
         """One effect, or None."""
         ...
 

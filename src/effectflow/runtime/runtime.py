@@ -1,0 +1,629 @@
+"""``ef.Runtime``: start, resume, recover and reconcile runs; read the ledger; settle unknowns.
+
+A run is executed by re-running its workflow function from the top: steps the ledger confirmed
+return their recorded output, the first step that is not confirmed continues through the decision
+table with its original key. There is no separate "replay log": the ledger's facts are the history.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+import socket
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from effectflow import digests, errors
+from effectflow.contracts import registry as registry_module
+from effectflow.contracts.workflow import Workflow
+from effectflow.ledger import records
+from effectflow.ledger.records import NextAction, RunStatus, StepStatus
+from effectflow.ledger.store import AuditProblem, Batch, DecisionRecord, LedgerStore, open_store
+from effectflow.runtime import context, engine
+from effectflow.runtime.faults import NO_FAULTS, FaultPlan
+
+#: Where the ledger lives when no URL is given.
+DEFAULT_URL = "sqlite:///effectflow.db"
+
+
+def _host() -> str:
+    return socket.gethostname()
+
+
+def _owner_alive(owner: str) -> bool:
+    """Whether a lease owner (``host:pid:nonce``) may still be alive.
+
+    On this host a dead pid proves the owner crashed, so its runs are recoverable at once instead of
+    after the lease expires. On another host only the lease's expiry can tell.
+    """
+    host, _, rest = owner.partition(":")
+    pid_text = rest.split(":", 1)[0]
+    if host != _host() or not pid_text.isdigit():
+        return True
+    pid = int(pid_text)
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return _pid_is_running(pid)
+
+
+def _pid_is_running(pid: int) -> bool:
+    # A killed child that was not reaped yet is a zombie: it exists but will never write again.
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return True
+
+
+class Runtime:
+    """The entry point: one ledger, one tenant."""
+
+    def __init__(
+        self,
+        url: str = DEFAULT_URL,
+        *,
+        tenant: str = "default",
+        faults: FaultPlan | None = None,
+        clock: Callable[[], float] = time.time,
+        lease_ttl: float = 300.0,
+        registry: registry_module.Registry | None = None,
+    ) -> None:
+        if not tenant or not isinstance(tenant, str):
+            raise errors.ContractError("tenant must be a non-empty string")
+        #: The ledger.
+        self.store: LedgerStore = open_store(url)
+        #: The tenant every run and key of this runtime belongs to.
+        self.tenant = tenant
+        #: Fault points (tests); no-op by default.
+        self.faults = faults or NO_FAULTS
+        #: The clock (epoch seconds); injectable for tests of retention and deadlines.
+        self.clock = clock
+        #: How long a lease lasts without a write renewing it.
+        self.lease_ttl = lease_ttl
+        #: Where tools and workflows are found by name.
+        self.registry = registry or registry_module.DEFAULT
+        #: This process's identity as a lease owner.
+        self.owner = f"{_host()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Close the ledger."""
+        self.store.close()
+
+    def __enter__(self) -> Runtime:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- starting and driving runs --------------------------------------------------------------
+
+    def start(
+        self, workflow: Workflow[..., Any], /, *, run_id: str | None = None, **input: Any
+    ) -> records.RunRecord:
+        """Run ``workflow`` in this process until it succeeds, fails or pauses.
+
+        Starting with the id of an existing run and the same input returns that run (driving it on
+        if it was interrupted); with another input it raises ``IdempotencyConflict``.
+        """
+        run = self._create(workflow, run_id, input)
+        if run.status is not RunStatus.RUNNING:
+            return run
+        return self._drive(run, workflow)
+
+    async def start_async(
+        self, workflow: Workflow[..., Any], /, *, run_id: str | None = None, **input: Any
+    ) -> records.RunRecord:
+        """The asyncio twin of ``start`` (async workflows run on the caller's loop)."""
+        run = self._create(workflow, run_id, input)
+        if run.status is not RunStatus.RUNNING:
+            return run
+        return await self._drive_async(run, workflow)
+
+    def submit(
+        self, workflow: Workflow[..., Any], /, *, run_id: str | None = None, **input: Any
+    ) -> records.RunRecord:
+        """Record a run without executing it; ``recover`` (or a worker) picks it up."""
+        return self._create(workflow, run_id, input)
+
+    def resume(self, run_id: str, *, by: str = "runtime") -> records.RunRecord:
+        """Continue a run: an interrupted one, a paused one, or (redrive) a failed one.
+
+        Confirmed steps keep their recorded results; the first step that is not confirmed continues
+        per the decision table, with its original key. Resuming a paused or failed run starts a new
+        generation, which gives its retry and lookup budgets a fresh start.
+        """
+        run = self._require_run(run_id)
+        if (
+            run.status is RunStatus.SUCCEEDED
+            or run.status.terminal
+            and run.status is not RunStatus.FAILED
+        ):
+            return run
+        workflow = self.registry.workflow(run.workflow)
+        if run.status is not RunStatus.RUNNING:
+            run = self._reopen(run, by=by)
+        return self._drive(run, workflow)
+
+    def recover(self, *, limit: int = 100) -> list[records.RunRecord]:
+        """Drive every run that was interrupted (its process died, or its lease expired)."""
+        now = self.clock()
+        candidates = {r.run_id: r for r in self.store.runs_to_recover(now=now, limit=limit)}
+        lister = getattr(self.store, "leased_running_runs", None)
+        if lister is not None:
+            for run in lister(limit=limit):
+                if run.lease_owner and not _owner_alive(run.lease_owner):
+                    candidates.setdefault(run.run_id, run)
+        finished = []
+        for run in candidates.values():
+            if run.tenant != self.tenant:
+                continue
+            try:
+                workflow = self.registry.workflow(run.workflow)
+                finished.append(self._drive(run, workflow))
+            except errors.LeaseLost:
+                continue
+        return finished
+
+    def reconcile(self, *, limit: int = 100) -> list[records.RunRecord]:
+        """Settle unknown outcomes through lookup tools, and continue the runs they settle.
+
+        Each paused run with an in-doubt step is resumed in a new generation: the step machine looks
+        the effect up by key, then by external id; confirmed -> recorded and the run continues; not
+        committed -> retried with the original key; still unknown -> backs off, then
+        ``needs_attention`` with the run paused again. Runs whose in-doubt steps have no lookup (nor a
+        key the provider honours) are left for a person; the result lists every run touched.
+        """
+        touched = []
+        paused = self.store.list_runs(tenant=self.tenant, statuses=[RunStatus.PAUSED], limit=limit)
+        for run in paused:
+            doubtful = [
+                s for s in self.store.steps(run.run_id) if s.status in records.IN_DOUBT_STATUSES
+            ]
+            if not doubtful:
+                continue
+            if not any(self._can_settle(s) for s in doubtful):
+                continue
+            touched.append(self.resume(run.run_id, by="reconciler"))
+        touched.extend(self.recover(limit=limit))
+        return touched
+
+    def _can_settle(self, step: records.StepRecord) -> bool:
+        try:
+            contract = self.registry.tool(step.tool).contract
+        except errors.ContractError:
+            return False
+        return contract.confirm is not None or contract.idempotency.supported
+
+    # -- a person's decisions -------------------------------------------------------------------
+
+    def resolve(
+        self,
+        effect_id: str,
+        *,
+        committed: bool,
+        evidence: dict[str, Any],
+        by: str,
+        expected_version: int | None = None,
+        decision_id: str | None = None,
+    ) -> records.EffectRecord:
+        """A person settles an unknown effect: it happened (``committed=True``) or it did not.
+
+        The audit log records who decided and on what evidence. ``resume`` then continues the run:
+        a confirmed step returns the recorded result, a not-committed one is retried with its
+        original key.
+
+        Raises:
+            errors.EffectNotFound: no such effect for this tenant.
+            errors.StaleState: the effect moved on (another version, or it is no longer unknown).
+            errors.IdempotencyConflict: the same ``decision_id`` was used with other parameters.
+        """
+        if not by:
+            raise errors.ArgumentError("resolve needs `by`: the person (or system) deciding")
+        evidence = digests.to_jsonable(evidence, path="evidence")
+        effect = self.store.get_effect(effect_id, tenant=self.tenant)
+        if effect is None:
+            raise errors.EffectNotFound(
+                f"no effect {effect_id} in tenant {self.tenant}", effect_id=effect_id
+            )
+        params = digests.digest(
+            {"effect_id": effect_id, "committed": committed, "evidence": evidence, "by": by}
+        )
+        if decision_id is not None:
+            pinned = self.store.get_decision(decision_id)
+            if pinned is not None:
+                if pinned.params_digest != params or pinned.tenant != self.tenant:
+                    raise errors.IdempotencyConflict(
+                        f"decision {decision_id} was already taken with other parameters",
+                        effect_id=effect_id,
+                    )
+                found = self.store.get_effect(effect_id, tenant=self.tenant)
+                assert found is not None
+                return found
+        if expected_version is not None and expected_version != effect.version:
+            raise errors.StaleState(
+                f"effect {effect_id} is at version {effect.version}, not {expected_version}; "
+                "reload it and decide again",
+                effect_id=effect_id,
+                run_id=effect.run_id,
+            )
+        if effect.status not in records.IN_DOUBT_STATUSES:
+            raise errors.StaleState(
+                f"effect {effect_id} is {effect.status}, not unknown: there is nothing to resolve",
+                effect_id=effect_id,
+                run_id=effect.run_id,
+            )
+        run = self._require_run(effect.run_id)
+        now = self.clock()
+        if (
+            run.status is RunStatus.RUNNING
+            and run.lease_owner
+            and (run.lease_expires_at or 0) > now
+            and _owner_alive(run.lease_owner)
+        ):
+            raise errors.StaleState(
+                f"run {run.run_id} is being executed by {run.lease_owner}; wait until it pauses",
+                run_id=run.run_id,
+                effect_id=effect_id,
+            )
+        step = next(s for s in self.store.steps(run.run_id) if s.step_id == effect.step_id)
+        attempts = self.store.attempts(run.run_id, step.step_id)
+        batch = Batch(run.run_id, lease_token=None)
+        # A person's decision revokes any lease: a zombie holding the old token can write nothing.
+        batch.run_changes.update(
+            lease_token=run.lease_token + 1,
+            lease_owner=None,
+            lease_expires_at=None,
+            next_action=NextAction.EXECUTE,
+        )
+        batch.attempt(
+            records.AttemptRecord(
+                attempt_id=engine.new_id("att"),
+                run_id=run.run_id,
+                step_id=step.step_id,
+                number=len(attempts) + 1,
+                kind=records.AttemptKind.RESOLUTION,
+                generation=run.generation,
+                started_at=now,
+                ended_at=now,
+                outcome=records.Outcome.COMMITTED if committed else records.Outcome.NOT_COMMITTED,
+                error=None,
+                response_digest=digests.digest(evidence),
+            )
+        )
+        for attempt in attempts:
+            if attempt.outcome is None:
+                batch.attempt(
+                    dataclasses.replace(
+                        attempt,
+                        ended_at=now,
+                        outcome=records.Outcome.UNKNOWN,
+                        error={
+                            "code": "process_lost",
+                            "message": "the process died during the call",
+                        },
+                    )
+                )
+        if committed:
+            ext_id = evidence.get("external_effect_id", effect.external_effect_id)
+            ext_id = None if ext_id is None else str(ext_id)
+            output = evidence.get("result")
+            if output is None:
+                field = self._effect_id_field(step.tool)
+                output = dict(evidence)
+                if field and ext_id is not None:
+                    output[field] = ext_id
+            new_effect = dataclasses.replace(
+                effect,
+                status=StepStatus.CONFIRMED,
+                external_effect_id=ext_id,
+                committed_at=now,
+                evidence=evidence,
+                resolved_by=by,
+                next_action=NextAction.NONE,
+                version=effect.version + 1,
+                updated_at=now,
+            )
+            new_step = dataclasses.replace(
+                step,
+                status=StepStatus.CONFIRMED,
+                external_effect_id=ext_id,
+                output=output,
+                confirmed_at=now,
+                next_action=NextAction.USE_RESULT,
+                updated_at=now,
+            )
+        else:
+            new_effect = dataclasses.replace(
+                effect,
+                status=StepStatus.NOT_COMMITTED,
+                evidence=evidence,
+                resolved_by=by,
+                next_action=NextAction.EXECUTE,
+                version=effect.version + 1,
+                updated_at=now,
+            )
+            new_step = dataclasses.replace(
+                step,
+                status=StepStatus.NOT_COMMITTED,
+                next_action=NextAction.EXECUTE,
+                updated_at=now,
+            )
+        batch.effect(new_effect)
+        batch.step(new_step)
+        if decision_id is not None:
+            batch.decisions.append(DecisionRecord(decision_id, self.tenant, params, effect_id, now))
+        batch.event(
+            "resolution",
+            now,
+            step_id=step.step_id,
+            effect_id=effect_id,
+            actor=by,
+            committed=committed,
+            evidence=evidence,
+            decision_id=decision_id,
+            previous_status=effect.status.value,
+        )
+        self.store.apply(batch, lease_ttl=self.lease_ttl, now=now)
+        return new_effect
+
+    def _effect_id_field(self, tool_ref: str) -> str | None:
+        try:
+            return self.registry.tool(tool_ref).contract.effect_id
+        except errors.ContractError:
+            return None
+
+    # -- reads ----------------------------------------------------------------------------------
+
+    def run(self, run_id: str) -> records.RunRecord:
+        """One run of this tenant.
+
+        Raises:
+            errors.RunNotFound: no such run for this tenant.
+        """
+        return self._require_run(run_id)
+
+    def runs(
+        self, *, status: str | Sequence[str] | None = None, limit: int = 100
+    ) -> list[records.RunRecord]:
+        """This tenant's runs, newest first."""
+        statuses = [status] if isinstance(status, str) else status
+        return self.store.list_runs(tenant=self.tenant, statuses=statuses, limit=limit)
+
+    def steps(self, run_id: str) -> list[records.StepRecord]:
+        """A run's Step Effect Records in order."""
+        self._require_run(run_id)
+        return self.store.steps(run_id)
+
+    def attempts(self, run_id: str, step_id: str | None = None) -> list[records.AttemptRecord]:
+        """A run's attempts (calls, lookups, resolutions) in order."""
+        self._require_run(run_id)
+        return self.store.attempts(run_id, step_id)
+
+    def effects(
+        self,
+        *,
+        run_id: str | None = None,
+        status: str | Sequence[str] | None = None,
+        limit: int = 1000,
+    ) -> list[records.EffectRecord]:
+        """External Effect Records, optionally of one run or in some statuses."""
+        if run_id is not None:
+            self._require_run(run_id)
+        statuses = [status] if isinstance(status, str) else status
+        return self.store.effects(tenant=self.tenant, run_id=run_id, statuses=statuses, limit=limit)
+
+    def audit(self, run_id: str) -> list[records.AuditEvent]:
+        """A run's audit events in order."""
+        self._require_run(run_id)
+        return self.store.audit(run_id)
+
+    def verify_audit(self, run_id: str | None = None) -> list[AuditProblem]:
+        """Recompute the audit hash chains; an empty list means intact."""
+        return self.store.verify_audit(run_id)
+
+    def purge_expired_keys(self) -> int:
+        """Drop idempotency key bindings past their retention whose steps are settled."""
+        return self.store.purge_expired_keys(now=self.clock())
+
+    # -- internals ------------------------------------------------------------------------------
+
+    def _require_run(self, run_id: str) -> records.RunRecord:
+        run = self.store.get_run(run_id, tenant=self.tenant)
+        if run is None:
+            raise errors.RunNotFound(f"no run {run_id!r} in tenant {self.tenant!r}", run_id=run_id)
+        return run
+
+    def _create(
+        self, workflow: Workflow[..., Any], run_id: str | None, input: dict[str, Any]
+    ) -> records.RunRecord:
+        if not isinstance(workflow, Workflow):
+            raise errors.ContractError(
+                f"{workflow!r} is not a workflow; decorate it with @ef.workflow(name)"
+            )
+        normalized = digests.to_jsonable(input, path="input")
+        input_digest = digests.digest(normalized)
+        run_id = run_id or engine.new_id("run")
+        existing = self.store.get_run(run_id)
+        if existing is not None:
+            if existing.tenant != self.tenant or existing.workflow != workflow.name:
+                raise errors.IdempotencyConflict(
+                    f"run id {run_id!r} is already used by another workflow or tenant",
+                    run_id=run_id,
+                )
+            if existing.input_digest != input_digest:
+                raise errors.IdempotencyConflict(
+                    f"run {run_id} was started with another input; a new request needs a new run id",
+                    run_id=run_id,
+                )
+            return existing
+        now = self.clock()
+        run = records.RunRecord(
+            run_id=run_id,
+            tenant=self.tenant,
+            workflow=workflow.name,
+            workflow_version=workflow.version,
+            input=normalized,
+            input_digest=input_digest,
+            status=RunStatus.RUNNING,
+            output=None,
+            error=None,
+            next_action=NextAction.EXECUTE,
+            generation=0,
+            created_at=now,
+            updated_at=now,
+        )
+        batch = Batch(run_id, lease_token=None, new_run=run)
+        batch.event("run_started", now, workflow=workflow.name, input_digest=input_digest)
+        try:
+            self.store.apply(batch, lease_ttl=self.lease_ttl, now=now)
+        except Exception:
+            raced = self.store.get_run(run_id)
+            if raced is not None and raced.input_digest == input_digest:
+                return raced
+            raise
+        return run
+
+    def _reopen(self, run: records.RunRecord, *, by: str) -> records.RunRecord:
+        """A paused or failed run becomes running again, in a new generation."""
+        now = self.clock()
+        batch = Batch(run.run_id, lease_token=run.lease_token)
+        batch.run_changes.update(
+            status=RunStatus.RUNNING,
+            generation=run.generation + 1,
+            next_action=NextAction.EXECUTE,
+            error=None,
+        )
+        kind = "run_redriven" if run.status is RunStatus.FAILED else "run_resumed"
+        batch.event(
+            kind, now, actor=by, previous_status=run.status.value, generation=run.generation + 1
+        )
+        self.store.apply(batch, lease_ttl=self.lease_ttl, now=now)
+        return dataclasses.replace(
+            run, status=RunStatus.RUNNING, generation=run.generation + 1, error=None
+        )
+
+    def _claim(self, run: records.RunRecord) -> records.RunRecord:
+        now = self.clock()
+        held = (
+            run.lease_owner is not None
+            and run.lease_owner != self.owner
+            and (run.lease_expires_at or 0) > now
+            and _owner_alive(run.lease_owner)
+        )
+        if held:
+            raise errors.LeaseLost(
+                f"run {run.run_id} is held by {run.lease_owner} until {run.lease_expires_at}",
+                run_id=run.run_id,
+            )
+        claimed = self.store.claim(
+            run.run_id,
+            owner=self.owner,
+            expected_token=run.lease_token,
+            ttl=self.lease_ttl,
+            now=now,
+        )
+        if claimed is None:
+            raise errors.LeaseLost(
+                f"run {run.run_id} was claimed by another worker first", run_id=run.run_id
+            )
+        return claimed
+
+    def commit(self, state: engine.RunState, batch: Batch) -> None:
+        """Make a batch durable under the run's lease (the drivers call this)."""
+        batch.lease_token = state.run.lease_token
+        self.store.apply(batch, lease_ttl=self.lease_ttl, now=self.clock())
+
+    def _prepare(self, run: records.RunRecord, workflow: Workflow[..., Any]) -> engine.RunState:
+        claimed = self._claim(run)
+        return engine.RunState(self, claimed, workflow, self.store.steps(run.run_id), self.faults)
+
+    def _drive(self, run: records.RunRecord, workflow: Workflow[..., Any]) -> records.RunRecord:
+        if workflow.is_async:
+            return asyncio.run(self._drive_async(run, workflow))
+        state = self._prepare(run, workflow)
+        ctx = context.Context(state)
+        try:
+            output = workflow.fn(ctx, **run.input)
+        except engine.Suspend:
+            return self._require_run(run.run_id)
+        except errors.LeaseLost:
+            raise
+        except Exception as exc:
+            return self._finish_failed(state, exc)
+        return self._finish_ok(state, output)
+
+    async def _drive_async(
+        self, run: records.RunRecord, workflow: Workflow[..., Any]
+    ) -> records.RunRecord:
+        state = self._prepare(run, workflow)
+        try:
+            if workflow.is_async:
+                output = await workflow.fn(context.AsyncContext(state), **run.input)
+            else:
+                output = await asyncio.to_thread(workflow.fn, context.Context(state), **run.input)
+        except engine.Suspend:
+            return self._require_run(run.run_id)
+        except errors.LeaseLost:
+            raise
+        except Exception as exc:
+            return self._finish_failed(state, exc)
+        return self._finish_ok(state, output)
+
+    def _finish_ok(self, state: engine.RunState, output: Any) -> records.RunRecord:
+        try:
+            recorded = digests.to_jsonable(output, path="output")
+        except errors.ArgumentError as exc:
+            return self._finish_failed(state, exc)
+        now = self.clock()
+        batch = state.batch()
+        batch.run_changes.update(
+            status=RunStatus.SUCCEEDED,
+            output=recorded,
+            error=None,
+            next_action=NextAction.NONE,
+            lease_owner=None,
+            lease_expires_at=None,
+        )
+        batch.event("run_succeeded", now, output_digest=digests.digest(recorded))
+        self.commit(state, batch)
+        return self._require_run(state.run.run_id)
+
+    def _finish_failed(self, state: engine.RunState, exc: Exception) -> records.RunRecord:
+        """A failure ends the run and lists its effects; nothing is compensated (DESIGN §4)."""
+        now = self.clock()
+        effects = [
+            s.effect_id
+            for s in state.steps.values()
+            if s.effect_id is not None and s.status is StepStatus.CONFIRMED
+        ]
+        error: dict[str, Any] = {
+            "code": getattr(exc, "code", "workflow_error"),
+            "type": type(exc).__name__,
+            "message": str(exc),
+            "confirmed_effects": effects,
+        }
+        step_id = getattr(exc, "step_id", None)
+        if step_id:
+            error["step_id"] = step_id
+        batch = state.batch()
+        batch.run_changes.update(
+            status=RunStatus.FAILED,
+            error=error,
+            next_action=NextAction.NONE,
+            lease_owner=None,
+            lease_expires_at=None,
+        )
+        batch.event("run_failed", now, error=error)
+        self.commit(state, batch)
+        return self._require_run(state.run.run_id)
