@@ -85,7 +85,8 @@ def to_jsonable(value: Any, *, path: str = "$") -> Any:
         return to_jsonable(value.value, path=path)
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return to_jsonable(dataclasses.asdict(value), path=path)
-    model_dump = getattr(value, "model_dump", None)  # pydantic v2 models, without importing pydantic
+    # pydantic v2 models, without importing pydantic
+    model_dump = getattr(value, "model_dump", None)
     if callable(model_dump):
         return to_jsonable(model_dump(mode="json"), path=path)
     raise errors.ArgumentError(
@@ -127,5 +128,7 @@ def idempotency_key(
     The payload enters as its digest, so the key reveals nothing of it. Technical retries of one logical
     operation reproduce the same key; a new logical operation (a new user request) gets a new one.
     """
-    material = canonical_json([tenant, operation_type, target, payload_digest, logical_operation_id])
+    material = canonical_json(
+        [tenant, operation_type, target, payload_digest, logical_operation_id]
+    )
     return KEY_PREFIX + sha256_hex(material)[:48]

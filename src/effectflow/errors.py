@@ -192,7 +192,7 @@ class Conflict(ToolSignal):
     """A precondition (expected revision, ETag) did not hold: nothing was overwritten."""
 
 
-class AbandonGoal(Exception):  # noqa: N818 - it names a business decision, not a failure
+class AbandonGoal(Exception):
     """Raised by a workflow when the business goal is gone (the customer withdrew, say).
 
     This, or an operator's ``compensate``, is what may trigger compensation: a technical failure never

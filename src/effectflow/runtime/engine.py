@@ -78,7 +78,7 @@ class Result:
 Machine = Generator[Request, Any, Any]
 
 
-class Suspend(BaseException):  # noqa: N818 - control flow, not an error
+class Suspend(BaseException):
     """Unwinds the workflow when its run pauses. A BaseException so ``except Exception`` in workflow
     code cannot swallow it."""
 

@@ -40,7 +40,7 @@ class FaultAction(enum.StrEnum):
     RAISE = "raise"
 
 
-class InjectedCrash(BaseException):  # noqa: N818 - it is a simulated crash, not an error
+class InjectedCrash(BaseException):
     """Raised by a ``raise`` fault. A BaseException, so workflow code cannot swallow it."""
 
 

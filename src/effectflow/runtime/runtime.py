@@ -146,8 +146,8 @@ class Runtime:
         run = self._require_run(run_id)
         if (
             run.status is RunStatus.SUCCEEDED
-            or run.status.terminal
-            and run.status is not RunStatus.FAILED
+            or (run.status.terminal
+            and run.status is not RunStatus.FAILED)
         ):
             return run
         workflow = self.registry.workflow(run.workflow)
