@@ -3,6 +3,7 @@
 The public API is re-exported here; everything else lives in subpackages.
 """
 
+from effectflow.contracts.loader import ContractSet, load_contracts, parse_contracts
 from effectflow.contracts.lookup import Lookup, LookupStatus
 from effectflow.contracts.tool import (
     CommitSemantics,
@@ -72,6 +73,7 @@ __all__ = [
     "Context",
     "ContractError",
     "ContractFileError",
+    "ContractSet",
     "EffectClass",
     "EffectNotFound",
     "EffectRecord",
@@ -100,11 +102,13 @@ __all__ = [
     "StepStatus",
     "Tool",
     "ToolContract",
-    "Workflow",
     "WhenConfirmed",
     "WhenNotCommitted",
     "WhenUnknown",
+    "Workflow",
     "__version__",
+    "load_contracts",
+    "parse_contracts",
     "tool",
     "workflow",
 ]

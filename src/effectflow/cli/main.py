@@ -5,6 +5,11 @@ Exit codes (documented in the README): 0 ok, 1 failure, 2 usage error, 3 somethi
 
 from __future__ import annotations
 
+import json
+import os
+from pathlib import Path
+from typing import Annotated
+
 import typer
 
 from effectflow.cli import contracts as contracts_cli
@@ -21,8 +26,79 @@ app = typer.Typer(
     add_completion=False,
 )
 app.add_typer(contracts_cli.app, name="contracts")
+audit_app = typer.Typer(
+    help="Inspect the append-only, hash-chained audit log.", no_args_is_help=True
+)
+app.add_typer(audit_app, name="audit")
+
+DbOption = Annotated[
+    str,
+    typer.Option(
+        "--db",
+        envvar="EFFECTFLOW_DB",
+        help="Ledger URL (sqlite:///path.db). Default: the embedded SQLite file effectflow.db.",
+    ),
+]
+JsonOption = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")]
+
+
+@app.command()
+def demo(
+    folder: Annotated[
+        Path | None,
+        typer.Option("--dir", help="Keep the demo's ledger and provider files in this folder."),
+    ] = None,
+) -> None:
+    """Run the customer-case demo: a worker is SIGKILLed mid-call and a fresh process recovers.
+
+    Ends with the providers' own truth: exactly one email, one CRM task, one notification.
+    """
+    from rich.console import Console
+
+    from effectflow.demo import runner
+
+    console = Console(width=None if os.isatty(1) else 120)
+    raise typer.Exit(runner.run(folder, console))
+
+
+@audit_app.command("verify")
+def audit_verify(
+    db: DbOption = "sqlite:///effectflow.db",
+    run_id: Annotated[str | None, typer.Option("--run", help="Verify one run only.")] = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Recompute every run's audit hash chain; exit 1 if any event was edited, added or removed."""
+    from effectflow.ledger.store import open_store
+
+    store = open_store(db)
+    try:
+        problems = store.verify_audit(run_id)
+    finally:
+        store.close()
+    if as_json:
+        typer.echo(
+            json.dumps(
+                {
+                    "ok": not problems,
+                    "problems": [
+                        {"run_id": p.run_id, "seq": p.seq, "message": p.message} for p in problems
+                    ],
+                }
+            )
+        )
+    elif problems:
+        for p in problems:
+            where = f"event {p.seq}" if p.seq is not None else "chain"
+            typer.echo(f"run {p.run_id}: {where}: {p.message}", err=True)
+    else:
+        typer.echo("audit log intact")
+    raise typer.Exit(EXIT_FAILURE if problems else EXIT_OK)
 
 
 def main() -> None:
     """Console-script entry point."""
     app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""The demos `effectflow demo` runs."""
