@@ -289,3 +289,111 @@ def _not_committed(facts: Facts) -> Decision:
 
 def _ask(row: str, reason: str) -> Decision:
     return _d(Action.ASK_A_PERSON, StepStatus.NEEDS_ATTENTION, NextAction.ASK_A_PERSON, row, reason)
+
+
+#: One representative input per row of the table, in DESIGN §4's order: the docs and the tests are
+#: generated from it, so the printed table is the function's actual behaviour.
+EXAMPLES: tuple[tuple[str, Situation, Facts], ...] = (
+    ("step already confirmed", Situation.CONFIRMED, Facts(EffectClass.EXTERNAL_WRITE)),
+    (
+        "failed before the intent was persisted",
+        Situation.NOT_STARTED,
+        Facts(EffectClass.EXTERNAL_WRITE),
+    ),
+    ("intent persisted, no outcome; pure or read", Situation.IN_DOUBT, Facts(EffectClass.READ)),
+    (
+        "intent persisted, no outcome; idempotency supported (key within retention)",
+        Situation.IN_DOUBT,
+        Facts(EffectClass.EXTERNAL_WRITE, idempotent=True, attempts_used=1),
+    ),
+    (
+        "intent persisted, no outcome; not idempotent, has lookup",
+        Situation.IN_DOUBT,
+        Facts(EffectClass.EXTERNAL_WRITE, has_lookup=True, attempts_used=1),
+    ),
+    (
+        "still unknown after the retry and lookup budgets",
+        Situation.IN_DOUBT,
+        Facts(EffectClass.EXTERNAL_WRITE, has_lookup=True, lookups_used=3, attempts_used=1),
+    ),
+    (
+        "intent persisted, no outcome; not idempotent, no lookup",
+        Situation.IN_DOUBT,
+        Facts(EffectClass.EXTERNAL_WRITE, attempts_used=1),
+    ),
+    (
+        "intent persisted, no outcome; step policy when_unknown=pause",
+        Situation.IN_DOUBT,
+        Facts(EffectClass.EXTERNAL_WRITE, idempotent=True, when_unknown=WhenUnknown.PAUSE),
+    ),
+    ("provider rejected (validation, 4xx)", Situation.REJECTED, Facts(EffectClass.EXTERNAL_WRITE)),
+    (
+        "transient error before anything was sent (or lookup: not committed)",
+        Situation.NOT_COMMITTED,
+        Facts(EffectClass.EXTERNAL_WRITE, attempts_used=1),
+    ),
+    (
+        "not committed; step policy when_not_committed=pause",
+        Situation.NOT_COMMITTED,
+        Facts(EffectClass.EXTERNAL_WRITE, when_not_committed=WhenNotCommitted.PAUSE),
+    ),
+    (
+        "not committed; step policy when_not_committed=fail",
+        Situation.NOT_COMMITTED,
+        Facts(EffectClass.EXTERNAL_WRITE, when_not_committed=WhenNotCommitted.FAIL),
+    ),
+    (
+        "retry budget spent, not committed",
+        Situation.NOT_COMMITTED,
+        Facts(EffectClass.EXTERNAL_WRITE, attempts_used=3, max_attempts=3),
+    ),
+    ("precondition / revision conflict", Situation.CONFLICT, Facts(EffectClass.EXTERNAL_WRITE)),
+    (
+        "accepted but the required state is later (async_accepted)",
+        Situation.BELOW_REQUIRED_STATE,
+        Facts(EffectClass.EXTERNAL_WRITE, commit=CommitSemantics.ASYNC_ACCEPTED),
+    ),
+    (
+        "required completion state not reached by the deadline",
+        Situation.BELOW_REQUIRED_STATE,
+        Facts(EffectClass.EXTERNAL_WRITE, deadline_passed=True),
+    ),
+    (
+        "business goal abandoned; confirmed, compensation tool, trigger matches",
+        Situation.GOAL_ABANDONED,
+        Facts(EffectClass.FINANCIAL_WRITE, has_compensation=True, trigger_matches=True),
+    ),
+    (
+        "business goal abandoned; confirmed, irreversible, no compensation",
+        Situation.GOAL_ABANDONED,
+        Facts(EffectClass.EXTERNAL_WRITE),
+    ),
+    (
+        "technical failure of the run",
+        Situation.TECHNICAL_FAILURE,
+        Facts(EffectClass.EXTERNAL_WRITE),
+    ),
+    (
+        "local transaction not committed",
+        Situation.TRANSACTION_NOT_COMMITTED,
+        Facts(EffectClass.EXTERNAL_WRITE, commit=CommitSemantics.LOCAL_TRANSACTION),
+    ),
+)
+
+
+def render_markdown() -> str:
+    """The decision table as Markdown, computed by calling ``decide`` on every example."""
+    lines = [
+        "| situation | action | step status | next action | row |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for label, situation, facts in EXAMPLES:
+        d = decide(situation, facts)
+        lines.append(
+            f"| {label} | `{d.action}` — {d.reason} | `{d.status}` | `{d.next_action}` | `{d.row}` |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":  # pragma: no cover - `python -m effectflow.policies.decision`
+    print(render_markdown(), end="")
