@@ -881,20 +881,21 @@ class StepMachine:
     def _facts(self, step: records.StepRecord) -> decision.Facts:
         contract = self.contract
         sc = self.step_contract
-        idempotent = contract.effect is EffectClass.IDEMPOTENT_WRITE or (
-            contract.idempotency.supported
-        )
-        if idempotent and contract.idempotency.supported:
-            # Past the provider's retention the key is forgotten: a retry could duplicate.
+        if contract.idempotency.supported:
+            # Key-based dedup: only while the provider still remembers the key (its retention);
+            # past it a retry could duplicate.
             age = self.state.now() - step.created_at
-            idempotent = age < contract.idempotency.retention_seconds
+            idempotent = self.tool.takes_key and age < contract.idempotency.retention_seconds
+        else:
+            # Natural dedup (an upsert by a natural id, a PUT of the whole state).
+            idempotent = contract.effect is EffectClass.IDEMPOTENT_WRITE
         kwargs: dict[str, Any] = {}
         if sc is not None:
             kwargs["when_unknown"] = sc.when_unknown
             kwargs["when_not_committed"] = sc.when_not_committed
         return decision.Facts(
             effect=contract.effect,
-            idempotent=idempotent and self.tool.takes_key,
+            idempotent=idempotent,
             has_lookup=contract.confirm is not None,
             commit=contract.commit,
             attempts_used=self._count(records.AttemptKind.CALL),
