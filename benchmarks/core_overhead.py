@@ -1,0 +1,416 @@
+"""Core overhead of effectflow on SQLite, on this machine, in one run.
+
+What it measures (BENCHMARKS.md explains how to read it):
+
+* the floor: raw SQLite commits per second of a tiny INSERT in WAL mode, one transaction per row,
+  with ``synchronous=FULL`` and ``synchronous=NORMAL``;
+* the runtime's per-step overhead, ``(time with the runtime - time calling the same functions
+  directly) / steps``, and steps per second, for
+  - a *pure* step (a tool returning a constant), as a workflow of 10 pure steps and as 1 pure step
+    per run (pure results ride with the next durable write, so the latter is really a per-run cost);
+  - an *external-write* step (``effect="external_write"``, returns ``{"id": n}``): intent and
+    outcome, two durable commits per step; as 10 steps per run and as 1 step per run;
+  each with ``synchronous=FULL`` (the default) and ``?synchronous=normal``.
+
+Every measurement is repeated (5 times by default) after a warm-up, on a fresh ledger file in a
+temporary directory; the median, min and max are reported. Run::
+
+    .venv/bin/python benchmarks/core_overhead.py            # Markdown table
+    .venv/bin/python benchmarks/core_overhead.py --json     # machine-readable
+    .venv/bin/python benchmarks/core_overhead.py --quick    # smoke run, a few seconds
+    .venv/bin/python benchmarks/core_overhead.py --profile external_write_x10
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import dataclasses
+import functools
+import gc
+import io
+import json
+import os
+import platform
+import pstats
+import shutil
+import sqlite3
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import effectflow as ef
+
+SYNC_MODES = ("FULL", "NORMAL")
+
+# -- the functions under test -----------------------------------------------------------------------
+
+
+def const() -> int:
+    """The pure step: no I/O, a constant result."""
+    return 1
+
+
+def write(n: int) -> dict[str, int]:
+    """The external-write step: trivially "writes" and returns the external id."""
+    return {"id": n}
+
+
+pure_tool = ef.tool("bench_pure_const", register=False)(const)
+write_tool = ef.tool("bench_external_write", effect="external_write", register=False)(write)
+
+
+@ef.workflow("bench_pure", register=False)
+def pure_workflow(ctx: ef.Context, steps: int) -> None:
+    for i in range(steps):
+        ctx.call(f"s{i}", pure_tool)
+
+
+@ef.workflow("bench_external_write", register=False)
+def write_workflow(ctx: ef.Context, steps: int) -> None:
+    for i in range(steps):
+        ctx.call(f"s{i}", write_tool, n=i)
+
+
+def direct_pure(steps: int) -> None:
+    for _ in range(steps):
+        const()
+
+
+def direct_write(steps: int) -> None:
+    for i in range(steps):
+        write(i)
+
+
+@dataclasses.dataclass(frozen=True)
+class Workload:
+    """A workflow, the same calls made directly, and how many steps each run takes."""
+
+    name: str
+    label: str
+    workflow: ef.Workflow[..., Any]
+    direct: Callable[[int], None]
+    steps: int
+
+
+WORKLOADS = (
+    Workload("pure_x10", "pure step, workflow of 10", pure_workflow, direct_pure, 10),
+    Workload("pure_x1", "pure step, 1 per run", pure_workflow, direct_pure, 1),
+    Workload("external_write_x10", "external-write step, workflow of 10", write_workflow,
+             direct_write, 10),
+    Workload("external_write_x1", "external-write step, 1 per run", write_workflow,
+             direct_write, 1),
+)  # fmt: skip
+
+# -- measuring --------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Spread:
+    """Median, min and max of repeated samples."""
+
+    median: float
+    min: float
+    max: float
+    samples: list[float]
+
+    @classmethod
+    def of(cls, samples: Sequence[float]) -> Spread:
+        return cls(statistics.median(samples), min(samples), max(samples), list(samples))
+
+
+@dataclasses.dataclass
+class RawResult:
+    synchronous: str
+    commits: int
+    commits_per_s: Spread
+    us_per_commit: Spread
+
+
+@dataclasses.dataclass
+class StepResult:
+    workload: str
+    label: str
+    synchronous: str
+    runs: int
+    steps_per_run: int
+    commits_per_step: float | None
+    overhead_us_per_step: Spread
+    steps_per_s: Spread
+    direct_us_per_step: float
+
+
+@contextmanager
+def fresh_dir(parent: str | None) -> Iterator[Path]:
+    path = Path(tempfile.mkdtemp(prefix="effectflow-bench-", dir=parent))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def timed(fn: Callable[[], object]) -> float:
+    gc.collect()
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def _insert_loop(conn: sqlite3.Connection, n: int) -> None:
+    for _ in range(n):
+        conn.execute("BEGIN IMMEDIATE")
+        conn.execute("INSERT INTO t (v) VALUES ('x')")
+        conn.execute("COMMIT")
+
+
+def raw_commits(folder: Path, sync: str, commits: int, repeats: int) -> RawResult:
+    """Commits/s of a tiny INSERT, each its own ``BEGIN IMMEDIATE ... COMMIT`` (as the ledger)."""
+    rates: list[float] = []
+    for rep in range(repeats):
+        conn = sqlite3.connect(folder / f"raw-{sync}-{rep}.db", isolation_level=None)
+        try:
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute(f"PRAGMA synchronous={sync}")
+            conn.execute("CREATE TABLE t (id INTEGER PRIMARY KEY, v TEXT NOT NULL)")
+
+            _insert_loop(conn, max(10, commits // 10))  # warm-up
+            rates.append(commits / timed(functools.partial(_insert_loop, conn, commits)))
+        finally:
+            conn.close()
+    return RawResult(sync, commits, Spread.of(rates), Spread.of([1e6 / r for r in rates]))
+
+
+def _count_commits(rt: ef.Runtime, work: Workload, run_prefix: str, runs: int) -> float | None:
+    """Durable commits per step, counted on untimed runs (None if the store hides its connection)."""
+    conn = getattr(rt.store, "_conn", None)
+    if not isinstance(conn, sqlite3.Connection):
+        return None
+    seen: list[str] = []
+    conn.set_trace_callback(lambda sql: seen.append(sql) if sql == "COMMIT" else None)
+    try:
+        for r in range(runs):
+            rt.start(work.workflow, run_id=f"{run_prefix}-{r}", steps=work.steps)
+    finally:
+        conn.set_trace_callback(None)
+    return len(seen) / (runs * work.steps)
+
+
+def _drive(rt: ef.Runtime, work: Workload, run_prefix: str, runs: int) -> None:
+    for r in range(runs):
+        run = rt.start(work.workflow, run_id=f"{run_prefix}-{r}", steps=work.steps)
+        if run.status is not ef.RunStatus.SUCCEEDED:
+            raise RuntimeError(f"benchmark run {run.run_id} ended {run.status}: {run.error}")
+
+
+def _direct(work: Workload, runs: int) -> None:
+    for _ in range(runs):
+        work.direct(work.steps)
+
+
+def steps_overhead(folder: Path, work: Workload, sync: str, runs: int, repeats: int) -> StepResult:
+    """Per-step overhead of ``work`` against calling its functions directly."""
+    overheads: list[float] = []
+    rates: list[float] = []
+    directs: list[float] = []
+    commits_per_step: float | None = None
+    total_steps = runs * work.steps
+    warmup = max(5, runs // 10)
+    for rep in range(repeats):
+        db = folder / f"{work.name}-{sync}-{rep}.db"
+        rt = ef.Runtime(f"sqlite:///{db}?synchronous={sync.lower()}")
+        try:
+            if commits_per_step is None:
+                commits_per_step = _count_commits(rt, work, "count", warmup)
+            _drive(rt, work, "warmup", warmup)
+            _direct(work, warmup)
+            direct = timed(functools.partial(_direct, work, runs))
+            with_runtime = timed(functools.partial(_drive, rt, work, "timed", runs))
+        finally:
+            rt.close()
+        overheads.append((with_runtime - direct) / total_steps * 1e6)
+        rates.append(total_steps / with_runtime)
+        directs.append(direct / total_steps * 1e6)
+    return StepResult(
+        workload=work.name,
+        label=work.label,
+        synchronous=sync,
+        runs=runs,
+        steps_per_run=work.steps,
+        commits_per_step=commits_per_step,
+        overhead_us_per_step=Spread.of(overheads),
+        steps_per_s=Spread.of(rates),
+        direct_us_per_step=statistics.median(directs),
+    )
+
+
+def profile(folder: Path, work: Workload, sync: str, runs: int, top: int = 25) -> str:
+    """cProfile of one timed loop, sorted by internal time (for BENCHMARKS.md's reading)."""
+    rt = ef.Runtime(f"sqlite:///{folder / 'profile.db'}?synchronous={sync.lower()}")
+    try:
+        _drive(rt, work, "warmup", max(5, runs // 10))
+        profiler = cProfile.Profile()
+        profiler.runcall(_drive, rt, work, "profiled", runs)
+    finally:
+        rt.close()
+    out = io.StringIO()
+    stats = pstats.Stats(profiler, stream=out)
+    stats.sort_stats("tottime").print_stats(top)
+    stats.sort_stats("cumulative").print_stats(top)
+    return out.getvalue()
+
+
+# -- the machine ------------------------------------------------------------------------------------
+
+
+def _nproc() -> int:
+    """CPUs this process may run on (what ``nproc`` prints)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def _filesystem(path: str) -> str:
+    """The filesystem type under ``path`` (fsync on tmpfs is free, which would void the FULL rows)."""
+    best, fstype = "", "unknown"
+    try:
+        mounts = Path("/proc/mounts").read_text().splitlines()
+    except OSError:
+        return fstype
+    real = os.path.realpath(path)
+    for line in mounts:
+        parts = line.split()
+        if len(parts) >= 3 and real.startswith(parts[1]) and len(parts[1]) > len(best):
+            best, fstype = parts[1], parts[2]
+    return fstype
+
+
+def machine(parent: str | None) -> dict[str, Any]:
+    folder = parent or tempfile.gettempdir()
+    return {
+        "nproc": _nproc(),
+        "cpu": _cpu_model(),
+        "python": platform.python_version(),
+        "sqlite": sqlite3.sqlite_version,
+        "platform": platform.platform(),
+        "effectflow": ef.__version__,
+        "ledger_dir": folder,
+        "ledger_fs": _filesystem(folder),
+    }
+
+
+# -- output -----------------------------------------------------------------------------------------
+
+
+def _n(value: float) -> str:
+    return f"{value:,.0f}" if value >= 100 else f"{value:,.1f}"
+
+
+def markdown(info: dict[str, Any], raw: list[RawResult], steps: list[StepResult]) -> str:
+    floor = {r.synchronous: r.us_per_commit.median for r in raw}
+    lines = [
+        f"Machine: {info['nproc']} CPU(s), {info['cpu']}; Python {info['python']}, "
+        f"SQLite {info['sqlite']}; ledger files on {info['ledger_fs']} ({info['ledger_dir']}).",
+        "",
+        "| Floor: raw SQLite commit (tiny INSERT, WAL, 1 per txn) | synchronous | commits/s "
+        "(median) | min – max | µs / commit |",
+        "|---|---|---:|---:|---:|",
+    ]
+    for r in raw:
+        lines.append(
+            f"| {r.commits} commits | {r.synchronous} | {_n(r.commits_per_s.median)} | "
+            f"{_n(r.commits_per_s.min)} – {_n(r.commits_per_s.max)} | "
+            f"{_n(r.us_per_commit.median)} |"
+        )
+    lines += [
+        "",
+        "| Step | synchronous | runs × steps | commits / step | overhead µs / step (median) | "
+        "min – max | steps/s (median) | commit floor µs / step |",
+        "|---|---|---|---:|---:|---:|---:|---:|",
+    ]
+    for s in steps:
+        cps = "n/a" if s.commits_per_step is None else f"{s.commits_per_step:.1f}"
+        floor_us = (
+            "n/a" if s.commits_per_step is None else _n(s.commits_per_step * floor[s.synchronous])
+        )
+        lines.append(
+            f"| {s.label} | {s.synchronous} | {s.runs} × {s.steps_per_run} | {cps} | "
+            f"{_n(s.overhead_us_per_step.median)} | {_n(s.overhead_us_per_step.min)} – "
+            f"{_n(s.overhead_us_per_step.max)} | {_n(s.steps_per_s.median)} | {floor_us} |"
+        )
+    direct = max(s.direct_us_per_step for s in steps) if steps else 0.0
+    lines += [
+        "",
+        f"Calling the same functions directly costs ≤ {direct:.2f} µs per step. "
+        "Commit floor = commits/step × the raw µs/commit at the same synchronous setting.",
+    ]
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser.add_argument("--json", action="store_true", help="print machine-readable results")
+    parser.add_argument("--quick", action="store_true", help="a smoke run: few runs, 2 repeats")
+    parser.add_argument("--runs", type=int, default=200, help="runs per measurement (200)")
+    parser.add_argument("--commits", type=int, default=2000, help="raw commits per measurement")
+    parser.add_argument("--repeats", type=int, default=5, help="repetitions; the median is shown")
+    parser.add_argument("--dir", default=None, help="where ledger files go (a temp dir inside)")
+    parser.add_argument(
+        "--profile",
+        choices=[w.name for w in WORKLOADS],
+        default=None,
+        help="instead of the table, print a cProfile of one workload (synchronous=FULL)",
+    )
+    args = parser.parse_args(argv)
+    runs, commits, repeats = args.runs, args.commits, args.repeats
+    if args.quick:
+        runs, commits, repeats = min(runs, 10), min(commits, 100), min(repeats, 2)
+    if runs < 1 or commits < 1 or repeats < 1:
+        parser.error("--runs, --commits and --repeats must be positive")
+
+    with fresh_dir(args.dir) as folder:
+        if args.profile is not None:
+            work = next(w for w in WORKLOADS if w.name == args.profile)
+            print(profile(folder, work, "FULL", runs))
+            return 0
+        started = time.perf_counter()
+        raw = [raw_commits(folder, sync, commits, repeats) for sync in SYNC_MODES]
+        steps = [
+            steps_overhead(folder, work, sync, runs, repeats)
+            for sync in SYNC_MODES
+            for work in WORKLOADS
+        ]
+        elapsed = time.perf_counter() - started
+    info = machine(args.dir)
+    if args.json:
+        result = {
+            "machine": info,
+            "parameters": {"runs": runs, "commits": commits, "repeats": repeats},
+            "elapsed_s": elapsed,
+            "raw_commits": [dataclasses.asdict(r) for r in raw],
+            "steps": [dataclasses.asdict(s) for s in steps],
+        }
+        json.dump(result, sys.stdout, indent=2)
+        print()
+    else:
+        print(markdown(info, raw, steps))
+        print(f"\n({repeats} repetitions, {elapsed:.0f} s in all.)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
