@@ -3,6 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+LINTED := $(wildcard src tests benchmarks)
 
 .PHONY: demo test lint bench clean
 
@@ -16,8 +17,8 @@ demo: $(STAMP)
 	$(VENV)/bin/effectflow demo
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check src tests benchmarks
-	$(VENV)/bin/ruff format --check src tests benchmarks
+	$(VENV)/bin/ruff check $(LINTED)
+	$(VENV)/bin/ruff format --check $(LINTED)
 	$(VENV)/bin/mypy
 
 test: lint
