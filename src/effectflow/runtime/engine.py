@@ -578,6 +578,9 @@ class StepMachine:
         st.faults.hit(FaultPoint.AFTER_CALL_BEFORE_RECORD, self.step_id)
         now = st.now()
         outcome, situation = _classify(result)
+        if situation is Situation.NOT_COMMITTED and self._earlier_call_in_doubt(attempt):
+            # This call provably did nothing, but an earlier one may have committed: still in doubt.
+            situation = Situation.IN_DOUBT
         batch = st.batch()
         effect = self._effect(step)
         output: Any = None
@@ -877,6 +880,18 @@ class StepMachine:
             for a in self.state.attempts(self.step_id)
             if a.kind is kind and a.generation == generation
         )
+
+    def _earlier_call_in_doubt(self, current: records.AttemptRecord) -> bool:
+        """Whether an earlier call may have committed, with no lookup or person answering it since."""
+        in_doubt = False
+        for attempt in self.state.attempts(self.step_id):
+            if attempt.attempt_id == current.attempt_id:
+                continue
+            if attempt.kind is records.AttemptKind.CALL:
+                in_doubt = in_doubt or attempt.outcome in (Outcome.UNKNOWN, None)
+            elif attempt.outcome is Outcome.NOT_COMMITTED:
+                in_doubt = False
+        return in_doubt
 
     def _facts(self, step: records.StepRecord) -> decision.Facts:
         contract = self.contract
