@@ -18,7 +18,7 @@ temporary directory; the median, min and max are reported. Run::
     .venv/bin/python benchmarks/core_overhead.py            # Markdown table
     .venv/bin/python benchmarks/core_overhead.py --json     # machine-readable
     .venv/bin/python benchmarks/core_overhead.py --quick    # smoke run, a few seconds
-    .venv/bin/python benchmarks/core_overhead.py --profile external_write_x10
+    .venv/bin/python benchmarks/core_overhead.py --profile external_write_x10 --synchronous normal
 """
 
 from __future__ import annotations
@@ -92,6 +92,7 @@ class Workload:
     """A workflow, the same calls made directly, and how many steps each run takes."""
 
     name: str
+    kind: str
     label: str
     workflow: ef.Workflow[..., Any]
     direct: Callable[[int], None]
@@ -99,12 +100,12 @@ class Workload:
 
 
 WORKLOADS = (
-    Workload("pure_x10", "pure step, workflow of 10", pure_workflow, direct_pure, 10),
-    Workload("pure_x1", "pure step, 1 per run", pure_workflow, direct_pure, 1),
-    Workload("external_write_x10", "external-write step, workflow of 10", write_workflow,
-             direct_write, 10),
-    Workload("external_write_x1", "external-write step, 1 per run", write_workflow,
-             direct_write, 1),
+    Workload("pure_x10", "pure", "pure step, workflow of 10", pure_workflow, direct_pure, 10),
+    Workload("pure_x1", "pure", "pure step, 1 per run", pure_workflow, direct_pure, 1),
+    Workload("external_write_x10", "external_write", "external-write step, workflow of 10",
+             write_workflow, direct_write, 10),
+    Workload("external_write_x1", "external_write", "external-write step, 1 per run",
+             write_workflow, direct_write, 1),
 )  # fmt: skip
 
 # -- measuring --------------------------------------------------------------------------------------
@@ -135,6 +136,7 @@ class RawResult:
 @dataclasses.dataclass
 class StepResult:
     workload: str
+    kind: str
     label: str
     synchronous: str
     runs: int
@@ -237,6 +239,7 @@ def steps_overhead(folder: Path, work: Workload, sync: str, runs: int, repeats: 
         directs.append(direct / total_steps * 1e6)
     return StepResult(
         workload=work.name,
+        kind=work.kind,
         label=work.label,
         synchronous=sync,
         runs=runs,
@@ -262,6 +265,35 @@ def profile(folder: Path, work: Workload, sync: str, runs: int, top: int = 25) -
     stats.sort_stats("tottime").print_stats(top)
     stats.sort_stats("cumulative").print_stats(top)
     return out.getvalue()
+
+
+@dataclasses.dataclass
+class Split:
+    """A run's cost split into a fixed part and a part per step, from two step counts."""
+
+    kind: str
+    synchronous: str
+    per_step_us: float
+    per_run_us: float
+
+
+def split(steps: Sequence[StepResult]) -> list[Split]:
+    """Solve ``total(n) = per_run + n * per_step`` from the medians at two step counts."""
+    found: list[Split] = []
+    for sync in SYNC_MODES:
+        for kind in dict.fromkeys(s.kind for s in steps):
+            pair = sorted(
+                (s for s in steps if s.kind == kind and s.synchronous == sync),
+                key=lambda s: s.steps_per_run,
+            )
+            if len(pair) < 2 or pair[0].steps_per_run == pair[-1].steps_per_run:
+                continue
+            lo, hi = pair[0], pair[-1]
+            total_lo = lo.overhead_us_per_step.median * lo.steps_per_run
+            total_hi = hi.overhead_us_per_step.median * hi.steps_per_run
+            per_step = (total_hi - total_lo) / (hi.steps_per_run - lo.steps_per_run)
+            found.append(Split(kind, sync, per_step, total_lo - per_step * lo.steps_per_run))
+    return found
 
 
 # -- the machine ------------------------------------------------------------------------------------
@@ -358,6 +390,19 @@ def markdown(info: dict[str, Any], raw: list[RawResult], steps: list[StepResult]
         f"Calling the same functions directly costs ≤ {direct:.2f} µs per step. "
         "Commit floor = commits/step × the raw µs/commit at the same synchronous setting.",
     ]
+    splits = split(steps)
+    if splits:
+        lines += [
+            "",
+            "| Derived from the medians: total = per run + steps × per step | synchronous | "
+            "µs per extra step | µs fixed per run |",
+            "|---|---|---:|---:|",
+        ]
+        lines += [
+            f"| {x.kind.replace('_', '-')} steps | {x.synchronous} | {_n(x.per_step_us)} | "
+            f"{_n(x.per_run_us)} |"
+            for x in splits
+        ]
     return "\n".join(lines)
 
 
@@ -373,7 +418,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--profile",
         choices=[w.name for w in WORKLOADS],
         default=None,
-        help="instead of the table, print a cProfile of one workload (synchronous=FULL)",
+        help="instead of the table, print a cProfile of one workload",
+    )
+    parser.add_argument(
+        "--synchronous",
+        type=str.upper,
+        choices=SYNC_MODES,
+        default="FULL",
+        help="the SQLite synchronous setting --profile uses (FULL)",
     )
     args = parser.parse_args(argv)
     runs, commits, repeats = args.runs, args.commits, args.repeats
@@ -385,7 +437,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     with fresh_dir(args.dir) as folder:
         if args.profile is not None:
             work = next(w for w in WORKLOADS if w.name == args.profile)
-            print(profile(folder, work, "FULL", runs))
+            print(profile(folder, work, args.synchronous, runs))
             return 0
         started = time.perf_counter()
         raw = [raw_commits(folder, sync, commits, repeats) for sync in SYNC_MODES]
@@ -403,6 +455,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "elapsed_s": elapsed,
             "raw_commits": [dataclasses.asdict(r) for r in raw],
             "steps": [dataclasses.asdict(s) for s in steps],
+            "derived": [dataclasses.asdict(x) for x in split(steps)],
         }
         json.dump(result, sys.stdout, indent=2)
         print()
