@@ -331,6 +331,10 @@ def _filesystem(path: str) -> str:
     return fstype
 
 
+def _load() -> float | None:
+    return round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None
+
+
 def machine(parent: str | None) -> dict[str, Any]:
     folder = parent or tempfile.gettempdir()
     return {
@@ -342,6 +346,7 @@ def machine(parent: str | None) -> dict[str, Any]:
         "effectflow": ef.__version__,
         "ledger_dir": folder,
         "ledger_fs": _filesystem(folder),
+        "loadavg_1min_start": _load(),
     }
 
 
@@ -356,7 +361,9 @@ def markdown(info: dict[str, Any], raw: list[RawResult], steps: list[StepResult]
     floor = {r.synchronous: r.us_per_commit.median for r in raw}
     lines = [
         f"Machine: {info['nproc']} CPU(s), {info['cpu']}; Python {info['python']}, "
-        f"SQLite {info['sqlite']}; ledger files on {info['ledger_fs']} ({info['ledger_dir']}).",
+        f"SQLite {info['sqlite']}; ledger files on {info['ledger_fs']} ({info['ledger_dir']}); "
+        f"1-min load average {info['loadavg_1min_start']} at the start, "
+        f"{info['loadavg_1min_end']} at the end.",
         "",
         "| Floor: raw SQLite commit (tiny INSERT, WAL, 1 per txn) | synchronous | commits/s "
         "(median) | min – max | µs / commit |",
@@ -434,6 +441,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if runs < 1 or commits < 1 or repeats < 1:
         parser.error("--runs, --commits and --repeats must be positive")
 
+    info = machine(args.dir)
     with fresh_dir(args.dir) as folder:
         if args.profile is not None:
             work = next(w for w in WORKLOADS if w.name == args.profile)
@@ -447,7 +455,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             for work in WORKLOADS
         ]
         elapsed = time.perf_counter() - started
-    info = machine(args.dir)
+    info["loadavg_1min_end"] = _load()
     if args.json:
         result = {
             "machine": info,
