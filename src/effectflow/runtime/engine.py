@@ -359,6 +359,7 @@ class StepMachine:
             situation = yield from self._call(step)
         else:
             step = existing
+            st.link_previous(self.step_id, st.pending)
             situation = self._situation_of(step)
             if situation is Situation.IN_DOUBT:
                 self._close_orphan_attempts(step)
