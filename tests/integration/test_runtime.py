@@ -464,8 +464,7 @@ def test_pure_results_are_replayed_not_recomputed(url: str, w: World) -> None:
 def test_same_operation_with_another_payload_raises_and_writes_nothing(
     rt: ef.Runtime, w: World, ledger: Path
 ) -> None:
-    """Reusing a logical operation with another payload raises IdempotencyConflict in the workflow
-    and writes no step, effect, attempt or binding for it."""
+    """Reusing an operation with another payload raises IdempotencyConflict and writes nothing."""
     run = rt.start(send_twice, run_id="twice", op="op_refund_7")
 
     assert run.status is ef.RunStatus.SUCCEEDED
@@ -537,8 +536,7 @@ def test_plain_function_is_not_a_tool(rt: ef.Runtime) -> None:
 def test_unserializable_arguments_name_the_path_and_write_nothing(
     rt: ef.Runtime, w: World, ledger: Path
 ) -> None:
-    """Arguments with no JSON form fail with ArgumentError naming the path; nothing is sent or
-    recorded for the step, and a bad run input records no run at all."""
+    """Arguments or input with no JSON form give ArgumentError naming the path; nothing is written."""
     run = rt.start(bad_args, run_id="bad")
 
     assert run.status is ef.RunStatus.FAILED
@@ -580,8 +578,7 @@ def fail_on_crm_budget(rt: ef.Runtime, w: World) -> ef.RunRecord:
 def test_not_committed_is_retried_up_to_the_budget_then_the_run_fails(
     rt: ef.Runtime, w: World
 ) -> None:
-    """NotCommitted is retried with the same key up to the budget; the failed run lists the effects
-    it left and nothing is compensated or called again."""
+    """NotCommitted is retried to the budget; the failed run lists its effects, compensates nothing."""
     run = fail_on_crm_budget(rt, w)
 
     assert run.status is ef.RunStatus.FAILED
@@ -609,8 +606,7 @@ def test_not_committed_is_retried_up_to_the_budget_then_the_run_fails(
 
 
 def test_redrive_after_the_provider_recovers_reuses_the_key(rt: ef.Runtime, w: World) -> None:
-    """Resuming a run that failed on its retry budget succeeds with the original key and keeps the
-    steps it had already confirmed."""
+    """A redriven run succeeds with the original key and keeps the steps it had confirmed."""
     failed = fail_on_crm_budget(rt, w)
     assert failed.status is ef.RunStatus.FAILED
     send_before = step_of(rt, failed.run_id, "send_case_email")
@@ -644,8 +640,7 @@ def pause_on_notify(rt: ef.Runtime, w: World) -> ef.RunRecord:
 
 
 def test_plain_exception_after_sending_asks_a_person(rt: ef.Runtime, w: World) -> None:
-    """A write tool without key or lookup that raises after sending is never retried: the step
-    needs attention and the run pauses."""
+    """A keyless, lookup-less write that raises after sending is not retried: the run pauses."""
     run = pause_on_notify(rt, w)
 
     assert run.status is ef.RunStatus.PAUSED
@@ -663,8 +658,7 @@ def test_plain_exception_after_sending_asks_a_person(rt: ef.Runtime, w: World) -
 
 
 def test_resolve_committed_then_resume_uses_the_resolution(rt: ef.Runtime, w: World) -> None:
-    """A person confirms the unknown effect with evidence; resume continues without calling again,
-    and the audit names who decided."""
+    """A person's confirmation is used on resume without a new call, and the audit names them."""
     run = pause_on_notify(rt, w)
     [effect] = rt.effects(run_id=run.run_id, status="needs_attention")
 
@@ -760,8 +754,7 @@ def test_resolve_is_pinned_by_decision_id(rt: ef.Runtime, w: World, ledger: Path
 
 
 def test_reconcile_settles_a_paused_run_through_its_lookup(rt: ef.Runtime, w: World) -> None:
-    """A run paused on an unknown post is settled by reconcile: the lookup finds the post, the step
-    is confirmed without posting again, and the run goes on to succeed."""
+    """Reconcile confirms a paused unknown post through its lookup, without reposting, and goes on."""
     w.notify.inject("post", "lose_response")
     w.search_lagging = True
     run = rt.start(post_then_notify, run_id="recon", text="deploy done")
@@ -821,8 +814,7 @@ def w_clocked(tmp_path: Path, clock: FakeClock) -> Iterator[World]:
 def test_key_within_retention_is_retried_with_the_original_key(
     url: str, clock: FakeClock, w_clocked: World
 ) -> None:
-    """Recovered within the key's retention, an idempotent call is retried and the provider
-    replays the original answer."""
+    """Within the key's retention an unknown call is retried with its key and replayed, not resent."""
     crash_after_send(url, clock)
     clock.advance(600)  # past the 300 s lease, within the 1 h retention
 
@@ -837,8 +829,7 @@ def test_key_within_retention_is_retried_with_the_original_key(
 def test_key_past_retention_is_not_blindly_retried(
     url: str, clock: FakeClock, w_clocked: World
 ) -> None:
-    """Past the key's retention the provider would send again, so the runtime asks a person
-    instead of retrying."""
+    """Past the key's retention an unknown call is not retried (it would resend): a person decides."""
     crash_after_send(url, clock)
     clock.advance(2 * 3600)
 
@@ -884,8 +875,7 @@ def test_tenants_are_isolated_and_part_of_the_key(url: str, w: World) -> None:
 
 
 def test_async_workflow_with_async_tools(rt: ef.Runtime, w: World) -> None:
-    """An async workflow of async tools runs through start_async on the caller's loop, and
-    through start from sync code."""
+    """An async workflow of async tools runs through start_async and through start."""
     run = asyncio.run(rt.start_async(async_case, run_id="async-1", case_id="1", email="a@x.io"))
     assert run.status is ef.RunStatus.SUCCEEDED
     assert run.output == "msg_1"
