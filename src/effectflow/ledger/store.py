@@ -177,6 +177,14 @@ class LedgerStore(Protocol):
     #: The URL the store was opened with.
     url: str
 
+    def migrate(self) -> list[int]:
+        """Apply the migrations the database has not seen; returns the versions applied."""
+        ...
+
+    def schema_version(self) -> int:
+        """The newest migration applied."""
+        ...
+
     def apply(self, batch: Batch, *, lease_ttl: float, now: float) -> None:
         """Commit ``batch`` in one transaction; renews the lease it is fenced by.
 
