@@ -15,13 +15,6 @@ from . import app
 from .app import Kind
 from .conftest import World, assert_clean, assert_killed
 
-WRITE_POINTS = (
-    FaultPoint.BEFORE_INTENT,
-    FaultPoint.AFTER_INTENT,
-    FaultPoint.AFTER_CALL_BEFORE_RECORD,
-    FaultPoint.AFTER_RECORD,
-)
-
 #: The journal name of each kind's tool, and the provider holding its effects.
 TOOL_OF_KIND = {
     Kind.PURE: ("compose", None),
