@@ -144,10 +144,8 @@ class Runtime:
         generation, which gives its retry and lookup budgets a fresh start.
         """
         run = self._require_run(run_id)
-        if (
-            run.status is RunStatus.SUCCEEDED
-            or (run.status.terminal
-            and run.status is not RunStatus.FAILED)
+        if run.status is RunStatus.SUCCEEDED or (
+            run.status.terminal and run.status is not RunStatus.FAILED
         ):
             return run
         workflow = self.registry.workflow(run.workflow)
