@@ -170,20 +170,20 @@ def _insert_loop(conn: sqlite3.Connection, n: int) -> None:
         conn.execute("COMMIT")
 
 
-def raw_commits(folder: Path, sync: str, commits: int, repeats: int) -> RawResult:
+def raw_sample(folder: Path, sync: str, commits: int, rep: int) -> float:
     """Commits/s of a tiny INSERT, each its own ``BEGIN IMMEDIATE ... COMMIT`` (as the ledger)."""
-    rates: list[float] = []
-    for rep in range(repeats):
-        conn = sqlite3.connect(folder / f"raw-{sync}-{rep}.db", isolation_level=None)
-        try:
-            conn.execute("PRAGMA journal_mode=WAL")
-            conn.execute(f"PRAGMA synchronous={sync}")
-            conn.execute("CREATE TABLE t (id INTEGER PRIMARY KEY, v TEXT NOT NULL)")
+    conn = sqlite3.connect(folder / f"raw-{sync}-{rep}.db", isolation_level=None)
+    try:
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute(f"PRAGMA synchronous={sync}")
+        conn.execute("CREATE TABLE t (id INTEGER PRIMARY KEY, v TEXT NOT NULL)")
+        _insert_loop(conn, max(10, commits // 10))  # warm-up
+        return commits / timed(functools.partial(_insert_loop, conn, commits))
+    finally:
+        conn.close()
 
-            _insert_loop(conn, max(10, commits // 10))  # warm-up
-            rates.append(commits / timed(functools.partial(_insert_loop, conn, commits)))
-        finally:
-            conn.close()
+
+def raw_result(sync: str, commits: int, rates: Sequence[float]) -> RawResult:
     return RawResult(sync, commits, Spread.of(rates), Spread.of([1e6 / r for r in rates]))
 
 
@@ -214,29 +214,35 @@ def _direct(work: Workload, runs: int) -> None:
         work.direct(work.steps)
 
 
-def steps_overhead(folder: Path, work: Workload, sync: str, runs: int, repeats: int) -> StepResult:
-    """Per-step overhead of ``work`` against calling its functions directly."""
-    overheads: list[float] = []
-    rates: list[float] = []
-    directs: list[float] = []
-    commits_per_step: float | None = None
-    total_steps = runs * work.steps
+@dataclasses.dataclass
+class StepSample:
+    """One repetition of one configuration."""
+
+    with_runtime_s: float
+    direct_s: float
+    commits_per_step: float | None
+
+
+def steps_sample(folder: Path, work: Workload, sync: str, runs: int, rep: int) -> StepSample:
+    """Time ``runs`` runs of ``work`` on a fresh ledger, and the same calls made directly."""
     warmup = max(5, runs // 10)
-    for rep in range(repeats):
-        db = folder / f"{work.name}-{sync}-{rep}.db"
-        rt = ef.Runtime(f"sqlite:///{db}?synchronous={sync.lower()}")
-        try:
-            if commits_per_step is None:
-                commits_per_step = _count_commits(rt, work, "count", warmup)
-            _drive(rt, work, "warmup", warmup)
-            _direct(work, warmup)
-            direct = timed(functools.partial(_direct, work, runs))
-            with_runtime = timed(functools.partial(_drive, rt, work, "timed", runs))
-        finally:
-            rt.close()
-        overheads.append((with_runtime - direct) / total_steps * 1e6)
-        rates.append(total_steps / with_runtime)
-        directs.append(direct / total_steps * 1e6)
+    db = folder / f"{work.name}-{sync}-{rep}.db"
+    rt = ef.Runtime(f"sqlite:///{db}?synchronous={sync.lower()}")
+    try:
+        commits_per_step = _count_commits(rt, work, "count", warmup) if rep == 0 else None
+        _drive(rt, work, "warmup", warmup)
+        _direct(work, warmup)
+        direct = timed(functools.partial(_direct, work, runs))
+        with_runtime = timed(functools.partial(_drive, rt, work, "timed", runs))
+    finally:
+        rt.close()
+    return StepSample(with_runtime, direct, commits_per_step)
+
+
+def steps_result(work: Workload, sync: str, runs: int, samples: Sequence[StepSample]) -> StepResult:
+    """Per-step overhead of ``work`` against calling its functions directly."""
+    total_steps = runs * work.steps
+    counted = [x.commits_per_step for x in samples if x.commits_per_step is not None]
     return StepResult(
         workload=work.name,
         kind=work.kind,
@@ -244,10 +250,31 @@ def steps_overhead(folder: Path, work: Workload, sync: str, runs: int, repeats: 
         synchronous=sync,
         runs=runs,
         steps_per_run=work.steps,
-        commits_per_step=commits_per_step,
-        overhead_us_per_step=Spread.of(overheads),
-        steps_per_s=Spread.of(rates),
-        direct_us_per_step=statistics.median(directs),
+        commits_per_step=counted[0] if counted else None,
+        overhead_us_per_step=Spread.of(
+            [(x.with_runtime_s - x.direct_s) / total_steps * 1e6 for x in samples]
+        ),
+        steps_per_s=Spread.of([total_steps / x.with_runtime_s for x in samples]),
+        direct_us_per_step=statistics.median(x.direct_s / total_steps * 1e6 for x in samples),
+    )
+
+
+def measure(
+    folder: Path, runs: int, commits: int, repeats: int
+) -> tuple[list[RawResult], list[StepResult]]:
+    """Every configuration once per repetition, so a burst of load elsewhere on the machine spoils
+    one sample of each configuration rather than every sample of one."""
+    raw: dict[str, list[float]] = {sync: [] for sync in SYNC_MODES}
+    configs = [(work, sync) for sync in SYNC_MODES for work in WORKLOADS]
+    steps: dict[tuple[str, str], list[StepSample]] = {(w.name, s): [] for w, s in configs}
+    for rep in range(repeats):
+        for sync in SYNC_MODES:
+            raw[sync].append(raw_sample(folder, sync, commits, rep))
+        for work, sync in configs:
+            steps[work.name, sync].append(steps_sample(folder, work, sync, runs, rep))
+    return (
+        [raw_result(sync, commits, rates) for sync, rates in raw.items()],
+        [steps_result(w, s, runs, steps[w.name, s]) for w, s in configs],
     )
 
 
@@ -448,12 +475,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(profile(folder, work, args.synchronous, runs))
             return 0
         started = time.perf_counter()
-        raw = [raw_commits(folder, sync, commits, repeats) for sync in SYNC_MODES]
-        steps = [
-            steps_overhead(folder, work, sync, runs, repeats)
-            for sync in SYNC_MODES
-            for work in WORKLOADS
-        ]
+        raw, steps = measure(folder, runs, commits, repeats)
         elapsed = time.perf_counter() - started
     info["loadavg_1min_end"] = _load()
     if args.json:
