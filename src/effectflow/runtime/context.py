@@ -8,11 +8,12 @@ import time
 from typing import Any
 
 from effectflow.contracts.tool import Tool
-from effectflow.runtime import engine
+from effectflow.runtime import engine, requests
+from effectflow.runtime import state as state_mod
 
 
 class _Base:
-    def __init__(self, state: engine.RunState) -> None:
+    def __init__(self, state: state_mod.RunState) -> None:
         self._state = state
 
     @property
@@ -30,7 +31,7 @@ class _Base:
         """The run's recorded input."""
         return dict(self._state.run.input)
 
-    def _commit(self, request: engine.Commit) -> None:
+    def _commit(self, request: requests.Commit) -> None:
         self._state.runtime.commit(self._state, request.batch)
 
 
@@ -89,15 +90,15 @@ class Context(_Base):
             except StopIteration as stop:
                 return stop.value
             answer = None
-            if isinstance(request, engine.Commit):
+            if isinstance(request, requests.Commit):
                 self._commit(request)
-            elif isinstance(request, engine.Invoke):
+            elif isinstance(request, requests.Invoke):
                 try:
-                    answer = engine.Result(
+                    answer = requests.Result(
                         _call_sync(request.tool, request.args, request.kwargs, request.timeout)
                     )
                 except Exception as exc:
-                    answer = engine.Result(error=exc)
+                    answer = requests.Result(error=exc)
             else:
                 time.sleep(request.seconds)
 
@@ -127,18 +128,18 @@ class AsyncContext(_Base):
             except StopIteration as stop:
                 return stop.value
             answer = None
-            if isinstance(request, engine.Commit):
+            if isinstance(request, requests.Commit):
                 self._commit(request)
-            elif isinstance(request, engine.Invoke):
+            elif isinstance(request, requests.Invoke):
                 try:
-                    answer = engine.Result(await _call_async(request))
+                    answer = requests.Result(await _call_async(request))
                 except Exception as exc:
-                    answer = engine.Result(error=exc)
+                    answer = requests.Result(error=exc)
             else:
                 await asyncio.sleep(request.seconds)
 
 
-async def _call_async(request: engine.Invoke) -> Any:
+async def _call_async(request: requests.Invoke) -> Any:
     tool = request.tool
     if tool.is_async:
         coro = tool.fn(*request.args, **request.kwargs)

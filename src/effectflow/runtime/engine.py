@@ -17,149 +17,24 @@ Every branch after an attempt goes through ``decision.decide``.
 from __future__ import annotations
 
 import dataclasses
-import random
-import uuid
-from collections.abc import Callable, Generator, Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Generator, Mapping
+from typing import Any
 
 from effectflow import digests, errors
-from effectflow.contracts.lookup import Lookup, LookupStatus
+from effectflow.contracts.lookup import LookupStatus
 from effectflow.contracts.tool import EffectClass, Tool
-from effectflow.contracts.workflow import StepContract, Workflow
+from effectflow.contracts.workflow import StepContract
 from effectflow.ledger import records
 from effectflow.ledger.records import NextAction, Outcome, StepStatus
-from effectflow.ledger.store import Batch, OperationBinding
+from effectflow.ledger.store import OperationBinding
 from effectflow.policies import decision, retry
 from effectflow.policies.decision import Action, Situation
-from effectflow.runtime.faults import FaultPlan, FaultPoint
-
-if TYPE_CHECKING:
-    from effectflow.runtime.runtime import Runtime
-
-
-# -- what the machine asks its driver to do ---------------------------------------------------------
-
-
-@dataclasses.dataclass
-class Commit:
-    """Make ``batch`` durable (one transaction) before going on."""
-
-    batch: Batch
-
-
-@dataclasses.dataclass
-class Invoke:
-    """Call ``tool`` with these arguments; answer with a ``Result``."""
-
-    tool: Tool[..., Any]
-    args: tuple[Any, ...]
-    kwargs: dict[str, Any]
-    timeout: float | None
-
-
-@dataclasses.dataclass
-class Sleep:
-    """Wait before the next attempt."""
-
-    seconds: float
-
-
-Request = Commit | Invoke | Sleep
-
-
-@dataclasses.dataclass(frozen=True)
-class Result:
-    """What an invocation produced: a value, or the exception it raised."""
-
-    value: Any = None
-    error: BaseException | None = None
-
-
-Machine = Generator[Request, Any, Any]
-
-
-class Suspend(BaseException):
-    """Unwinds the workflow when its run pauses. A BaseException so ``except Exception`` in workflow
-    code cannot swallow it."""
-
-    def __init__(self, step_id: str, reason: str) -> None:
-        super().__init__(reason)
-        self.step_id = step_id
-        self.reason = reason
-
+from effectflow.runtime import outcomes, requests
+from effectflow.runtime import state as state_mod
+from effectflow.runtime.faults import FaultPoint
 
 #: Largest canonical argument payload recorded for one step.
 MAX_PAYLOAD_BYTES = 1_000_000
-
-#: Exceptions that prove nothing was sent.
-_NOTHING_SENT = (errors.NotCommitted, ConnectionRefusedError)
-
-
-def new_id(prefix: str) -> str:
-    """A random, sortable-enough id with a readable prefix."""
-    return f"{prefix}_{uuid.uuid4().hex[:20]}"
-
-
-class RunState:
-    """What one execution of a run knows: the ledger's records, the lease, deferred writes."""
-
-    def __init__(
-        self,
-        runtime: Runtime,
-        run: records.RunRecord,
-        workflow: Workflow[..., Any],
-        steps: list[records.StepRecord],
-        faults: FaultPlan,
-    ) -> None:
-        self.runtime = runtime
-        self.run = run
-        self.workflow = workflow
-        self.steps: dict[str, records.StepRecord] = {s.step_id: s for s in steps}
-        self.faults = faults
-        self.seen: set[str] = set()
-        self.seq = max((s.seq for s in steps), default=0)
-        self.last_step: str | None = None
-        self.rng = random.Random()
-        #: Writes that need no commit of their own (pure/read results): they ride with the next one.
-        self.pending = Batch(run.run_id, run.lease_token)
-        self._attempts: dict[str, list[records.AttemptRecord]] = {}
-
-    @property
-    def now(self) -> Callable[[], float]:
-        """The runtime's clock."""
-        return self.runtime.clock
-
-    def batch(self) -> Batch:
-        """A batch carrying every deferred write, fenced by this run's lease."""
-        batch, self.pending = self.pending, Batch(self.run.run_id, self.run.lease_token)
-        return batch
-
-    def attempts(self, step_id: str) -> list[records.AttemptRecord]:
-        """The step's attempts (loaded once from the ledger, then kept current here)."""
-        if step_id not in self._attempts:
-            self._attempts[step_id] = self.runtime.store.attempts(self.run.run_id, step_id)
-        return self._attempts[step_id]
-
-    def note_attempt(self, attempt: records.AttemptRecord) -> None:
-        """Keep the in-memory list current after an attempt row is written."""
-        known = self.attempts(attempt.step_id)
-        for i, existing in enumerate(known):
-            if existing.attempt_id == attempt.attempt_id:
-                known[i] = attempt
-                return
-        known.append(attempt)
-
-    def link_previous(self, step_id: str, batch: Batch) -> None:
-        """Record ``next_step`` on the step the run passed before this one."""
-        prev = self.last_step
-        self.last_step = step_id
-        if prev is None or prev == step_id:
-            return
-        before = self.steps.get(prev)
-        if before is not None and before.next_step != step_id:
-            linked = dataclasses.replace(before, next_step=step_id)
-            self.steps[prev] = linked
-            batch.step(linked)
 
 
 class StepMachine:
@@ -167,7 +42,7 @@ class StepMachine:
 
     def __init__(
         self,
-        state: RunState,
+        state: state_mod.RunState,
         step_id: str,
         tool: Tool[..., Any],
         args: tuple[Any, ...],
@@ -199,7 +74,7 @@ class StepMachine:
 
     # -- entry ------------------------------------------------------------------------------------
 
-    def run(self) -> Machine:
+    def run(self) -> requests.Machine:
         """Drive the step to a value for the workflow (or raise what the workflow should see)."""
         st = self.state
         if self.step_id in st.seen:
@@ -264,13 +139,15 @@ class StepMachine:
 
     # -- pure and read ----------------------------------------------------------------------------
 
-    def _pure_or_read(self, existing: records.StepRecord | None) -> Machine:
+    def _pure_or_read(self, existing: records.StepRecord | None) -> requests.Machine:
         st = self.state
         policy = self.contract.retry
         tries = 0
         while True:
             tries += 1
-            result: Result = yield Invoke(self.tool, self.args, self.kwargs, self.contract.timeout)
+            result: requests.Result = yield requests.Invoke(
+                self.tool, self.args, self.kwargs, self.contract.timeout
+            )
             now = st.now()
             if result.error is None:
                 output = self._recordable(result.value)
@@ -311,7 +188,7 @@ class StepMachine:
                     run_id=self.run_id,
                     step_id=self.step_id,
                 ) from exc
-            yield Sleep(retry.backoff(policy, tries, st.rng))
+            yield requests.Sleep(retry.backoff(policy, tries, st.rng))
 
     def _defer_failure(
         self,
@@ -321,16 +198,18 @@ class StepMachine:
         now: float,
     ) -> None:
         st = self.state
-        step = self._step_record(existing, status, now, error=_error(exc))
+        step = self._step_record(existing, status, now, error=outcomes.error_of(exc))
         step = dataclasses.replace(step, next_action=NextAction.NONE)
         st.steps[self.step_id] = step
         st.link_previous(self.step_id, st.pending)
         st.pending.step(step)
-        st.pending.event("step_" + status.value, now, step_id=self.step_id, error=_error(exc))
+        st.pending.event(
+            "step_" + status.value, now, step_id=self.step_id, error=outcomes.error_of(exc)
+        )
 
     # -- writes -----------------------------------------------------------------------------------
 
-    def _write(self, existing: records.StepRecord | None) -> Machine:
+    def _write(self, existing: records.StepRecord | None) -> requests.Machine:
         st = self.state
         sc = self.step_contract
         op_id = (
@@ -372,13 +251,13 @@ class StepMachine:
             if action in (Action.EXECUTE, Action.RETRY_WITH_ORIGINAL_KEY):
                 used = self._count(records.AttemptKind.CALL)
                 if used:
-                    yield Sleep(retry.backoff(self.contract.retry, used, st.rng))
+                    yield requests.Sleep(retry.backoff(self.contract.retry, used, st.rng))
                 situation = yield from self._call(step, verdict)
                 continue
             if action is Action.LOOKUP:
                 used = self._count(records.AttemptKind.LOOKUP)
                 if used:
-                    yield Sleep(retry.backoff(self.contract.retry, used, st.rng))
+                    yield requests.Sleep(retry.backoff(self.contract.retry, used, st.rng))
                 situation = yield from self._lookup(step, verdict)
                 continue
             if action is Action.ASK_A_PERSON:
@@ -391,7 +270,7 @@ class StepMachine:
                 step_id=self.step_id,
             )
 
-    def _record_intent(self, op_id: str) -> Generator[Request, Any, Any]:
+    def _record_intent(self, op_id: str) -> Generator[requests.Request, Any, Any]:
         """Step 1 of the write path: the intent, durable before anything is sent."""
         st = self.state
         store = st.runtime.store
@@ -409,9 +288,9 @@ class StepMachine:
             if (binding.run_id, binding.step_id) != (self.run_id, self.step_id):
                 return (yield from self._reuse_operation(binding))
         now = st.now()
-        effect_id = new_id("eff")
+        effect_id = requests.new_id("eff")
         attempt = records.AttemptRecord(
-            attempt_id=new_id("att"),
+            attempt_id=requests.new_id("att"),
             run_id=self.run_id,
             step_id=self.step_id,
             number=1,
@@ -446,7 +325,7 @@ class StepMachine:
             external_effect_id=None,
             committed_at=None,
             approval_id=None,
-            compensation_status=_compensation_status(self.tool),
+            compensation_status=outcomes.compensation_status(self.tool),
             compensates=None,
             evidence=None,
             resolved_by=None,
@@ -491,7 +370,7 @@ class StepMachine:
             request_digest=self.request_digest,
         )
         st.faults.hit(FaultPoint.BEFORE_INTENT, self.step_id)
-        yield Commit(batch)
+        yield requests.Commit(batch)
         st.steps[self.step_id] = step
         st.note_attempt(attempt)
         self.effect = effect
@@ -499,7 +378,7 @@ class StepMachine:
         st.faults.hit(FaultPoint.AFTER_INTENT, self.step_id)
         return None
 
-    def _reuse_operation(self, binding: OperationBinding) -> Generator[Request, Any, Any]:
+    def _reuse_operation(self, binding: OperationBinding) -> Generator[requests.Request, Any, Any]:
         """The logical operation already belongs to another step (e.g. a re-submitted request)."""
         st = self.state
         other = next(
@@ -541,13 +420,13 @@ class StepMachine:
             original_run=binding.run_id,
             original_step=binding.step_id,
         )
-        yield Commit(batch)
+        yield requests.Commit(batch)
         st.steps[self.step_id] = step
         return other.output
 
     def _call(
         self, step: records.StepRecord, verdict: decision.Decision | None = None
-    ) -> Generator[Request, Any, Situation]:
+    ) -> Generator[requests.Request, Any, Situation]:
         """Steps 2-4: call with the key, then record the outcome durably."""
         st = self.state
         if verdict is not None:  # a retry: its attempt is durable before the call, like an intent
@@ -567,7 +446,7 @@ class StepMachine:
                 reason=verdict.reason,
                 idempotency_key=self.key,
             )
-            yield Commit(batch)
+            yield requests.Commit(batch)
             st.steps[self.step_id] = step
             st.note_attempt(attempt)
         else:
@@ -575,10 +454,12 @@ class StepMachine:
         kwargs = dict(self.kwargs)
         if self.tool.takes_key:
             kwargs[self.contract.idempotency.key_param] = self.key
-        result: Result = yield Invoke(self.tool, self.args, kwargs, self.contract.timeout)
+        result: requests.Result = yield requests.Invoke(
+            self.tool, self.args, kwargs, self.contract.timeout
+        )
         st.faults.hit(FaultPoint.AFTER_CALL_BEFORE_RECORD, self.step_id)
         now = st.now()
-        outcome, situation = _classify(result)
+        outcome, situation = outcomes.classify(result)
         if situation is Situation.NOT_COMMITTED and self._earlier_call_in_doubt(attempt):
             # This call provably did nothing, but an earlier one may have committed: still in doubt.
             situation = Situation.IN_DOUBT
@@ -589,7 +470,7 @@ class StepMachine:
         if outcome is Outcome.COMMITTED:
             output = self._recordable(result.value)
             response_digest = digests.digest(output)
-        error = None if result.error is None else _error(result.error)
+        error = None if result.error is None else outcomes.error_of(result.error)
         ended = dataclasses.replace(
             attempt,
             ended_at=now,
@@ -598,7 +479,7 @@ class StepMachine:
             response_digest=response_digest,
         )
         batch.attempt(ended)
-        status = _status_of(situation)
+        status = outcomes.status_of(situation)
         step = dataclasses.replace(step, status=status, error=error, updated_at=now)
         effect = dataclasses.replace(
             effect,
@@ -612,7 +493,7 @@ class StepMachine:
         if outcome is Outcome.COMMITTED:
             step, effect = self._confirm(step, effect, output, now)
         else:
-            next_action = _next_action_of(situation)
+            next_action = outcomes.next_action_of(situation)
             step = dataclasses.replace(step, next_action=next_action)
             effect = dataclasses.replace(effect, next_action=next_action)
         batch.step(step)
@@ -628,7 +509,7 @@ class StepMachine:
         if effect.external_effect_id is not None:
             detail["external_effect_id"] = effect.external_effect_id
         batch.event("outcome", now, step_id=self.step_id, effect_id=effect.effect_id, **detail)
-        yield Commit(batch)
+        yield requests.Commit(batch)
         st.steps[self.step_id] = step
         st.note_attempt(ended)
         st.faults.hit(FaultPoint.AFTER_RECORD, self.step_id)
@@ -636,7 +517,7 @@ class StepMachine:
 
     def _lookup(
         self, step: records.StepRecord, verdict: decision.Decision
-    ) -> Generator[Request, Any, Situation]:
+    ) -> Generator[requests.Request, Any, Situation]:
         """Ask the contract's lookup tool whether the effect exists, and record the answer."""
         st = self.state
         assert self.contract.confirm is not None
@@ -649,10 +530,12 @@ class StepMachine:
             kwargs["idempotency_key"] = self.key
         if "external_effect_id" in params:
             kwargs["external_effect_id"] = step.external_effect_id
-        result: Result = yield Invoke(lookup_tool, (), kwargs, lookup_tool.contract.timeout)
+        result: requests.Result = yield requests.Invoke(
+            lookup_tool, (), kwargs, lookup_tool.contract.timeout
+        )
         st.faults.hit(FaultPoint.AFTER_LOOKUP_BEFORE_RECORD, self.step_id)
         now = st.now()
-        answer = _lookup_answer(result)
+        answer = outcomes.lookup_answer(result)
         effect = self._effect(step)
         batch = st.batch()
         if answer.status is LookupStatus.CONFIRMED:
@@ -669,7 +552,7 @@ class StepMachine:
             error=None if answer.reason is None else {"code": "unknown", "message": answer.reason},
         )
         batch.attempt(ended)
-        status = _status_of(situation)
+        status = outcomes.status_of(situation)
         step = dataclasses.replace(step, status=status, updated_at=now)
         effect = dataclasses.replace(
             effect, status=status, version=effect.version + 1, updated_at=now, evidence=evidence
@@ -690,7 +573,7 @@ class StepMachine:
                 effect = dataclasses.replace(effect, external_effect_id=answer.external_effect_id)
             step, effect = self._confirm(step, effect, output, now, state=answer.state)
         else:
-            next_action = _next_action_of(situation)
+            next_action = outcomes.next_action_of(situation)
             step = dataclasses.replace(step, next_action=next_action)
             effect = dataclasses.replace(effect, next_action=next_action)
         batch.step(step)
@@ -708,14 +591,14 @@ class StepMachine:
             external_effect_id=answer.external_effect_id,
             evidence=evidence,
         )
-        yield Commit(batch)
+        yield requests.Commit(batch)
         st.steps[self.step_id] = step
         st.note_attempt(ended)
         return situation
 
     def _ask_a_person(
         self, step: records.StepRecord, verdict: decision.Decision
-    ) -> Generator[Request, Any, None]:
+    ) -> Generator[requests.Request, Any, None]:
         st = self.state
         now = st.now()
         effect = self._effect(step)
@@ -758,9 +641,9 @@ class StepMachine:
             reason=verdict.reason,
         )
         batch.event("run_paused", now, step_id=self.step_id, reason=verdict.reason)
-        yield Commit(batch)
+        yield requests.Commit(batch)
         st.steps[self.step_id] = step
-        raise Suspend(self.step_id, verdict.reason)
+        raise requests.Suspend(self.step_id, verdict.reason)
 
     def _fail(self, step: records.StepRecord, verdict: decision.Decision) -> errors.EffectflowError:
         """Record a definite failure (it rides with the run's failure commit) and build the error."""
@@ -861,7 +744,7 @@ class StepMachine:
     def _new_attempt(self, kind: records.AttemptKind, now: float) -> records.AttemptRecord:
         known = self.state.attempts(self.step_id)
         return records.AttemptRecord(
-            attempt_id=new_id("att"),
+            attempt_id=requests.new_id("att"),
             run_id=self.run_id,
             step_id=self.step_id,
             number=len(known) + 1,
@@ -995,7 +878,7 @@ class StepMachine:
             effect_id=None,
             confirmed_at=None,
             next_step=None,
-            compensation_status=_compensation_status(self.tool),
+            compensation_status=outcomes.compensation_status(self.tool),
             next_action=NextAction.EXECUTE,
             created_at=now,
             updated_at=now,
@@ -1010,65 +893,3 @@ class StepMachine:
                 run_id=self.run_id,
                 step_id=self.step_id,
             ) from None
-
-
-def _compensation_status(tool: Tool[..., Any]) -> str:
-    if not tool.contract.effect.writes:
-        return "not_applicable"
-    return "not_required" if tool.contract.compensation is None else "available"
-
-
-def _classify(result: Result) -> tuple[Outcome, Situation]:
-    """DESIGN §6: only a tool can prove nothing happened; anything else after sending is unknown."""
-    exc = result.error
-    if exc is None:
-        return Outcome.COMMITTED, Situation.CONFIRMED
-    if isinstance(exc, _NOTHING_SENT):
-        return Outcome.NOT_COMMITTED, Situation.NOT_COMMITTED
-    if isinstance(exc, errors.Rejected | errors.IdempotencyConflict):
-        return Outcome.REJECTED, Situation.REJECTED
-    if isinstance(exc, errors.Conflict):
-        return Outcome.CONFLICT, Situation.CONFLICT
-    return Outcome.UNKNOWN, Situation.IN_DOUBT
-
-
-def _status_of(situation: Situation) -> StepStatus:
-    return {
-        Situation.CONFIRMED: StepStatus.CONFIRMED,
-        Situation.NOT_COMMITTED: StepStatus.NOT_COMMITTED,
-        Situation.REJECTED: StepStatus.REJECTED,
-        Situation.CONFLICT: StepStatus.CONFLICT,
-    }.get(situation, StepStatus.UNKNOWN)
-
-
-def _next_action_of(situation: Situation) -> NextAction:
-    return {
-        Situation.NOT_COMMITTED: NextAction.EXECUTE,
-        Situation.REJECTED: NextAction.NONE,
-        Situation.CONFLICT: NextAction.EXECUTE,
-    }.get(situation, NextAction.RECONCILE)
-
-
-def _lookup_answer(result: Result) -> Lookup:
-    if result.error is not None:
-        return Lookup.unknown(reason=f"the lookup failed: {_error(result.error)['message']}")
-    value = result.value
-    if isinstance(value, Lookup):
-        return value
-    return Lookup.unknown(
-        reason=f"the lookup returned {type(value).__name__}, not an ef.Lookup; fix the lookup tool"
-    )
-
-
-def _error(exc: BaseException) -> dict[str, Any]:
-    data: dict[str, Any] = {"type": type(exc).__name__, "message": str(exc) or type(exc).__name__}
-    code = getattr(exc, "code", None)
-    if isinstance(code, str):
-        data["code"] = code
-    evidence = getattr(exc, "evidence", None)
-    if isinstance(evidence, dict) and evidence:
-        try:
-            data["evidence"] = digests.to_jsonable(evidence)
-        except errors.ArgumentError:
-            data["evidence"] = {"repr": repr(evidence)}
-    return data

@@ -22,7 +22,8 @@ from effectflow.contracts.workflow import Workflow
 from effectflow.ledger import records
 from effectflow.ledger.records import NextAction, RunStatus, StepStatus
 from effectflow.ledger.store import AuditProblem, Batch, DecisionRecord, LedgerStore, open_store
-from effectflow.runtime import context, engine
+from effectflow.runtime import context, requests
+from effectflow.runtime import state as state_mod
 from effectflow.runtime.faults import NO_FAULTS, FaultPlan
 
 #: Where the ledger lives when no URL is given.
@@ -286,7 +287,7 @@ class Runtime:
         )
         batch.attempt(
             records.AttemptRecord(
-                attempt_id=engine.new_id("att"),
+                attempt_id=requests.new_id("att"),
                 run_id=run.run_id,
                 step_id=step.step_id,
                 number=len(attempts) + 1,
@@ -451,7 +452,7 @@ class Runtime:
             )
         normalized = digests.to_jsonable(input, path="input")
         input_digest = digests.digest(normalized)
-        run_id = run_id or engine.new_id("run")
+        run_id = run_id or requests.new_id("run")
         existing = self.store.get_run(run_id)
         if existing is not None:
             if existing.tenant != self.tenant or existing.workflow != workflow.name:
@@ -537,14 +538,16 @@ class Runtime:
             )
         return claimed
 
-    def commit(self, state: engine.RunState, batch: Batch) -> None:
+    def commit(self, state: state_mod.RunState, batch: Batch) -> None:
         """Make a batch durable under the run's lease (the drivers call this)."""
         batch.lease_token = state.run.lease_token
         self.store.apply(batch, lease_ttl=self.lease_ttl, now=self.clock())
 
-    def _prepare(self, run: records.RunRecord, workflow: Workflow[..., Any]) -> engine.RunState:
+    def _prepare(self, run: records.RunRecord, workflow: Workflow[..., Any]) -> state_mod.RunState:
         claimed = self._claim(run)
-        return engine.RunState(self, claimed, workflow, self.store.steps(run.run_id), self.faults)
+        return state_mod.RunState(
+            self, claimed, workflow, self.store.steps(run.run_id), self.faults
+        )
 
     def _drive(self, run: records.RunRecord, workflow: Workflow[..., Any]) -> records.RunRecord:
         if workflow.is_async:
@@ -553,7 +556,7 @@ class Runtime:
         ctx = context.Context(state)
         try:
             output = workflow.fn(ctx, **run.input)
-        except engine.Suspend:
+        except requests.Suspend:
             return self._require_run(run.run_id)
         except errors.LeaseLost:
             raise
@@ -570,7 +573,7 @@ class Runtime:
                 output = await workflow.fn(context.AsyncContext(state), **run.input)
             else:
                 output = await asyncio.to_thread(workflow.fn, context.Context(state), **run.input)
-        except engine.Suspend:
+        except requests.Suspend:
             return self._require_run(run.run_id)
         except errors.LeaseLost:
             raise
@@ -578,7 +581,7 @@ class Runtime:
             return self._finish_failed(state, exc)
         return self._finish_ok(state, output)
 
-    def _finish_ok(self, state: engine.RunState, output: Any) -> records.RunRecord:
+    def _finish_ok(self, state: state_mod.RunState, output: Any) -> records.RunRecord:
         try:
             recorded = digests.to_jsonable(output, path="output")
         except errors.ArgumentError as exc:
@@ -597,7 +600,7 @@ class Runtime:
         self.commit(state, batch)
         return self._require_run(state.run.run_id)
 
-    def _finish_failed(self, state: engine.RunState, exc: Exception) -> records.RunRecord:
+    def _finish_failed(self, state: state_mod.RunState, exc: Exception) -> records.RunRecord:
         """A failure ends the run and lists its effects; nothing is compensated (DESIGN §4)."""
         now = self.clock()
         effects = [

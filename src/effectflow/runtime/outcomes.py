@@ -1,0 +1,77 @@
+"""How a call's result or exception maps to an outcome, a step status and a next action."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from effectflow import digests, errors
+from effectflow.contracts.lookup import Lookup
+from effectflow.contracts.tool import Tool
+from effectflow.ledger.records import NextAction, Outcome, StepStatus
+from effectflow.policies.decision import Situation
+from effectflow.runtime.requests import Result
+
+#: Exceptions that prove nothing was sent.
+_NOTHING_SENT = (errors.NotCommitted, ConnectionRefusedError)
+
+
+def compensation_status(tool: Tool[..., Any]) -> str:
+    if not tool.contract.effect.writes:
+        return "not_applicable"
+    return "not_required" if tool.contract.compensation is None else "available"
+
+
+def classify(result: Result) -> tuple[Outcome, Situation]:
+    """DESIGN §6: only a tool can prove nothing happened; anything else after sending is unknown."""
+    exc = result.error
+    if exc is None:
+        return Outcome.COMMITTED, Situation.CONFIRMED
+    if isinstance(exc, _NOTHING_SENT):
+        return Outcome.NOT_COMMITTED, Situation.NOT_COMMITTED
+    if isinstance(exc, errors.Rejected | errors.IdempotencyConflict):
+        return Outcome.REJECTED, Situation.REJECTED
+    if isinstance(exc, errors.Conflict):
+        return Outcome.CONFLICT, Situation.CONFLICT
+    return Outcome.UNKNOWN, Situation.IN_DOUBT
+
+
+def status_of(situation: Situation) -> StepStatus:
+    return {
+        Situation.CONFIRMED: StepStatus.CONFIRMED,
+        Situation.NOT_COMMITTED: StepStatus.NOT_COMMITTED,
+        Situation.REJECTED: StepStatus.REJECTED,
+        Situation.CONFLICT: StepStatus.CONFLICT,
+    }.get(situation, StepStatus.UNKNOWN)
+
+
+def next_action_of(situation: Situation) -> NextAction:
+    return {
+        Situation.NOT_COMMITTED: NextAction.EXECUTE,
+        Situation.REJECTED: NextAction.NONE,
+        Situation.CONFLICT: NextAction.EXECUTE,
+    }.get(situation, NextAction.RECONCILE)
+
+
+def lookup_answer(result: Result) -> Lookup:
+    if result.error is not None:
+        return Lookup.unknown(reason=f"the lookup failed: {error_of(result.error)['message']}")
+    value = result.value
+    if isinstance(value, Lookup):
+        return value
+    return Lookup.unknown(
+        reason=f"the lookup returned {type(value).__name__}, not an ef.Lookup; fix the lookup tool"
+    )
+
+
+def error_of(exc: BaseException) -> dict[str, Any]:
+    data: dict[str, Any] = {"type": type(exc).__name__, "message": str(exc) or type(exc).__name__}
+    code = getattr(exc, "code", None)
+    if isinstance(code, str):
+        data["code"] = code
+    evidence = getattr(exc, "evidence", None)
+    if isinstance(evidence, dict) and evidence:
+        try:
+            data["evidence"] = digests.to_jsonable(evidence)
+        except errors.ArgumentError:
+            data["evidence"] = {"repr": repr(evidence)}
+    return data

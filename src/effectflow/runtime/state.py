@@ -1,0 +1,78 @@
+"""What one execution of a run holds in memory: its records, its lease, its deferred writes."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from effectflow.contracts.workflow import Workflow
+from effectflow.ledger import records
+from effectflow.ledger.store import Batch
+from effectflow.runtime.faults import FaultPlan
+
+if TYPE_CHECKING:
+    from effectflow.runtime.runtime import Runtime
+
+
+class RunState:
+    """What one execution of a run knows: the ledger's records, the lease, deferred writes."""
+
+    def __init__(
+        self,
+        runtime: Runtime,
+        run: records.RunRecord,
+        workflow: Workflow[..., Any],
+        steps: list[records.StepRecord],
+        faults: FaultPlan,
+    ) -> None:
+        self.runtime = runtime
+        self.run = run
+        self.workflow = workflow
+        self.steps: dict[str, records.StepRecord] = {s.step_id: s for s in steps}
+        self.faults = faults
+        self.seen: set[str] = set()
+        self.seq = max((s.seq for s in steps), default=0)
+        self.last_step: str | None = None
+        self.rng = random.Random()
+        #: Writes that need no commit of their own (pure/read results): they ride with the next one.
+        self.pending = Batch(run.run_id, run.lease_token)
+        self._attempts: dict[str, list[records.AttemptRecord]] = {}
+
+    @property
+    def now(self) -> Callable[[], float]:
+        """The runtime's clock."""
+        return self.runtime.clock
+
+    def batch(self) -> Batch:
+        """A batch carrying every deferred write, fenced by this run's lease."""
+        batch, self.pending = self.pending, Batch(self.run.run_id, self.run.lease_token)
+        return batch
+
+    def attempts(self, step_id: str) -> list[records.AttemptRecord]:
+        """The step's attempts (loaded once from the ledger, then kept current here)."""
+        if step_id not in self._attempts:
+            self._attempts[step_id] = self.runtime.store.attempts(self.run.run_id, step_id)
+        return self._attempts[step_id]
+
+    def note_attempt(self, attempt: records.AttemptRecord) -> None:
+        """Keep the in-memory list current after an attempt row is written."""
+        known = self.attempts(attempt.step_id)
+        for i, existing in enumerate(known):
+            if existing.attempt_id == attempt.attempt_id:
+                known[i] = attempt
+                return
+        known.append(attempt)
+
+    def link_previous(self, step_id: str, batch: Batch) -> None:
+        """Record ``next_step`` on the step the run passed before this one."""
+        prev = self.last_step
+        self.last_step = step_id
+        if prev is None or prev == step_id:
+            return
+        before = self.steps.get(prev)
+        if before is not None and before.next_step != step_id:
+            linked = dataclasses.replace(before, next_step=step_id)
+            self.steps[prev] = linked
+            batch.step(linked)
