@@ -372,7 +372,7 @@ class StepMachine:
         st.faults.hit(FaultPoint.BEFORE_INTENT, self.step_id)
         yield requests.Commit(batch)
         st.steps[self.step_id] = step
-        st.note_attempt(attempt)
+        st.first_attempt(attempt)
         self.effect = effect
         self.attempt = attempt
         st.faults.hit(FaultPoint.AFTER_INTENT, self.step_id)

@@ -56,6 +56,10 @@ class RunState:
             self._attempts[step_id] = self.runtime.store.attempts(self.run.run_id, step_id)
         return self._attempts[step_id]
 
+    def first_attempt(self, attempt: records.AttemptRecord) -> None:
+        """A new step's first attempt: nothing to load from the ledger (saves a query per step)."""
+        self._attempts[attempt.step_id] = [attempt]
+
     def note_attempt(self, attempt: records.AttemptRecord) -> None:
         """Keep the in-memory list current after an attempt row is written."""
         known = self.attempts(attempt.step_id)
