@@ -274,7 +274,11 @@ class StepMachine:
         """Step 1 of the write path: the intent, durable before anything is sent."""
         st = self.state
         store = st.runtime.store
-        binding = store.get_operation(st.run.tenant, op_id)
+        # The default operation id is this step's own, bound in the same transaction as the step
+        # row: with no step row yet it cannot be bound, so the read is skipped (the insert still
+        # checks the binding inside the intent's transaction).
+        default_op = op_id == f"{self.run_id}/{self.step_id}"
+        binding = None if default_op else store.get_operation(st.run.tenant, op_id)
         if binding is not None:
             if binding.request_digest != self.request_digest:
                 raise errors.IdempotencyConflict(
