@@ -831,12 +831,7 @@ class StepMachine:
         now = st.now()
         for attempt in st.attempts(self.step_id):
             if attempt.outcome is None:
-                closed = dataclasses.replace(
-                    attempt,
-                    ended_at=now,
-                    outcome=Outcome.UNKNOWN,
-                    error={"code": "process_lost", "message": "the process died during the call"},
-                )
+                closed = outcomes.lost_in_flight(attempt, now)
                 st.pending.attempt(closed)
                 st.note_attempt(closed)
                 st.pending.event(

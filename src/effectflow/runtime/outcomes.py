@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from effectflow import digests, errors
 from effectflow.contracts.lookup import Lookup
 from effectflow.contracts.tool import Tool
+from effectflow.ledger import records
 from effectflow.ledger.records import NextAction, Outcome, StepStatus
 from effectflow.policies.decision import Situation
 from effectflow.runtime.requests import Result
@@ -75,3 +77,13 @@ def error_of(exc: BaseException) -> dict[str, Any]:
         except errors.ArgumentError:
             data["evidence"] = {"repr": repr(evidence)}
     return data
+
+
+def lost_in_flight(attempt: records.AttemptRecord, now: float) -> records.AttemptRecord:
+    """An attempt a dead process left open: its outcome is unknown, never assumed."""
+    return dataclasses.replace(
+        attempt,
+        ended_at=now,
+        outcome=Outcome.UNKNOWN,
+        error={"code": "process_lost", "message": "the process died during the call"},
+    )

@@ -22,7 +22,7 @@ from effectflow.contracts.workflow import Workflow
 from effectflow.ledger import records
 from effectflow.ledger.records import NextAction, RunStatus, StepStatus
 from effectflow.ledger.store import AuditProblem, Batch, DecisionRecord, LedgerStore, open_store
-from effectflow.runtime import context, requests
+from effectflow.runtime import context, outcomes, requests
 from effectflow.runtime import state as state_mod
 from effectflow.runtime.faults import NO_FAULTS, FaultPlan
 
@@ -302,17 +302,7 @@ class Runtime:
         )
         for attempt in attempts:
             if attempt.outcome is None:
-                batch.attempt(
-                    dataclasses.replace(
-                        attempt,
-                        ended_at=now,
-                        outcome=records.Outcome.UNKNOWN,
-                        error={
-                            "code": "process_lost",
-                            "message": "the process died during the call",
-                        },
-                    )
-                )
+                batch.attempt(outcomes.lost_in_flight(attempt, now))
         if committed:
             ext_id = evidence.get("external_effect_id", effect.external_effect_id)
             ext_id = None if ext_id is None else str(ext_id)
