@@ -360,7 +360,6 @@ class StepMachine:
         )
         batch.step(step)
         batch.effect(effect)
-        self.effect = effect
         batch.attempt(attempt)
         batch.event(
             "intent",
