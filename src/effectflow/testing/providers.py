@@ -8,6 +8,8 @@ that file too, so a test can arrange a lost response for a call that a worker su
 - :class:`MailProvider`: asynchronous sends, keys with retention, status lookup.
 - :class:`CrmProvider`: idempotent upsert by external id.
 - :class:`NotifyProvider`: not idempotent, but searchable by a client tag.
+- :class:`PaymentsProvider`: refunds with expiring keys and a deadline to cancel them.
+- :class:`DeployTarget`: revisions, compare-and-swap (:class:`RevisionConflict`), other writers.
 """
 
 from __future__ import annotations
@@ -21,17 +23,22 @@ from effectflow.testing._base import (
     ProviderUnavailable,
 )
 from effectflow.testing.crm import CrmProvider
+from effectflow.testing.deploy import DeployTarget, RevisionConflict
 from effectflow.testing.mail import MailProvider
 from effectflow.testing.notify import NotifyProvider
+from effectflow.testing.payments import PaymentsProvider
 
 __all__ = [
     "CrmProvider",
+    "DeployTarget",
     "FaultKind",
     "IdempotencyKeyReused",
     "MailProvider",
     "NotifyProvider",
+    "PaymentsProvider",
     "ProviderError",
     "ProviderRejected",
     "ProviderTimeout",
     "ProviderUnavailable",
+    "RevisionConflict",
 ]
