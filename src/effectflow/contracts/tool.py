@@ -90,6 +90,11 @@ class Completion:
     #: How long to wait for ``required`` before a person is asked (ISO 8601 or seconds).
     deadline: str | float = "PT1H"
 
+    @property
+    def deadline_seconds(self) -> float:
+        """``deadline`` in seconds."""
+        return durations.parse_duration(self.deadline, field="completion.deadline")
+
     def __post_init__(self) -> None:
         object.__setattr__(self, "states", tuple(self.states))
         if self.required not in self.states:
@@ -109,6 +114,21 @@ class Compensation:
     deadline: str | float | None = None
     #: Whether it runs without a person; financial compensations need approval regardless.
     automatic: bool = False
+    #: The compensating tool's parameter that receives the original's external effect id (bound
+    #: from the ledger, never typed by a model); defaults to its first parameter.
+    param: str | None = None
+
+    @property
+    def deadline_seconds(self) -> float | None:
+        """``deadline`` in seconds, or None when there is none."""
+        if self.deadline is None:
+            return None
+        return durations.parse_duration(self.deadline, field="compensation.deadline")
+
+    @property
+    def tool_ref(self) -> str:
+        """The compensating tool's ``name@version`` (or name)."""
+        return self.tool if isinstance(self.tool, str) else self.tool.ref
 
 
 @dataclasses.dataclass(frozen=True)
@@ -175,6 +195,17 @@ class ToolContract:
     record_request_digest: bool = True
     #: Record the response digest on the effect.
     record_response_digest: bool = True
+    #: Whether a person must approve each call first; None = the default (financial writes do).
+    approval: bool | None = None
+    #: A tool that stops a call still in progress at the provider (called on cancel with the key).
+    cancel: str | None = None
+
+    @property
+    def needs_approval(self) -> bool:
+        """Whether each call waits for ``rt.approve`` (financial writes by default)."""
+        if self.approval is None:
+            return self.effect is EffectClass.FINANCIAL_WRITE
+        return self.approval
 
     @property
     def ref(self) -> str:
@@ -198,6 +229,13 @@ class ToolContract:
             durations.parse_duration(self.compensation.deadline, field="compensation.deadline")
         if self.timeout is not None and self.timeout <= 0:
             raise errors.ContractError(f"tool {self.ref}: timeout must be positive seconds")
+        if self.completion is not None:
+            durations.parse_duration(self.completion.deadline, field="completion.deadline")
+            if self.confirm is None and self.completion.required != self.completion.states[0]:
+                raise errors.ContractError(
+                    f"tool {self.ref}: completion.required is {self.completion.required!r}, later "
+                    "than the first state, but there is no confirm= lookup tool to poll for it"
+                )
 
 
 class Tool(Generic[P, R]):
@@ -214,6 +252,17 @@ class Tool(Generic[P, R]):
         key_param = contract.idempotency.key_param
         #: Whether the function takes the idempotency key (it gets one whenever it does).
         self.takes_key = key_param in params or accepts_var_kw
+        if contract.commit is CommitSemantics.LOCAL_TRANSACTION:
+            if self.is_async:
+                raise errors.ContractError(
+                    f"tool {contract.ref}: a local_transaction tool runs inside the ledger's "
+                    "transaction and must be a plain (sync) function"
+                )
+            if "tx" not in params:
+                raise errors.ContractError(
+                    f"tool {contract.ref}: a local_transaction tool receives the ledger's "
+                    f"transaction; give {fn.__qualname__} a `*, tx: ef.LocalTransaction` parameter"
+                )
         if contract.idempotency.supported and not self.takes_key:
             raise errors.ContractError(
                 f"tool {contract.ref} declares idempotency but {fn.__qualname__} has no "
@@ -281,6 +330,8 @@ def tool(
     retry: RetryPolicy | None = None,
     external_system: str | None = None,
     target: str | None = None,
+    approval: bool | None = None,
+    cancel: Tool[..., Any] | str | None = None,
     register: bool = True,
 ) -> Callable[[Callable[P, R]], Tool[P, R]]:
     """Declare a tool and its side-effect contract (DESIGN §6).
@@ -315,6 +366,8 @@ def tool(
         retry=retry or RetryPolicy(),
         external_system=external_system,
         target=target,
+        approval=approval,
+        cancel=_ref_of(cancel),
     )
 
     def decorate(fn: Callable[P, R]) -> Tool[P, R]:
@@ -323,8 +376,9 @@ def tool(
             from effectflow.contracts import registry
 
             registry.DEFAULT.add_tool(made)
-            if isinstance(confirm, Tool):
-                registry.DEFAULT.add_tool(confirm)
+            for helper in (confirm, cancel, compensation.tool if compensation else None):
+                if isinstance(helper, Tool):
+                    registry.DEFAULT.add_tool(helper)
         return made
 
     return decorate

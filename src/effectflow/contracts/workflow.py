@@ -40,6 +40,10 @@ class WhenUnknown(enum.StrEnum):
     PAUSE = "pause"
 
 
+#: Business conditions that may trigger a compensation (never a technical failure).
+TRIGGERS = ("goal_abandoned", "cancelled", "never")
+
+
 class WhenConfirmed(enum.StrEnum):
     """What to do with a step that is already confirmed."""
 
@@ -67,12 +71,36 @@ class StepContract:
     when_not_committed: WhenNotCommitted = WhenNotCommitted.RETRY_WITH_ORIGINAL_KEY
     #: Policy for an unknown outcome.
     when_unknown: WhenUnknown = WhenUnknown.RECONCILE_THEN_PAUSE
-    #: Business condition that triggers compensation (``goal_abandoned``); None = never automatic.
-    compensation_trigger: str | None = None
+    #: Business condition(s) that trigger compensation: ``goal_abandoned`` (the workflow raises
+    #: ``ef.AbandonGoal`` or an operator calls ``rt.compensate``), ``cancelled`` (``rt.cancel``),
+    #: or ``never``. None means ``goal_abandoned``. A technical failure is never a trigger.
+    compensation_trigger: str | tuple[str, ...] | None = None
     #: Whether compensation runs without a person when triggered.
     compensation_automatic: bool | None = None
     #: Free-text strategy (``send_correction_if_business_required``) shown to operators.
     compensation_strategy: str | None = None
+    #: The read step whose observation this write's precondition came from: on a conflict it is
+    #: re-run (new step revision) instead of overwriting. None = pause for a person on conflict.
+    observe: str | None = None
+    #: How many times a conflict may send the run back to ``observe`` before it pauses.
+    max_reobserve: int = 3
+
+    def __post_init__(self) -> None:
+        for trigger in self.triggers:
+            if trigger not in TRIGGERS:
+                raise errors.ContractError(
+                    f"step {self.step_id}: compensation trigger {trigger!r} is not one of "
+                    f"{list(TRIGGERS)}; a technical failure is never a trigger"
+                )
+
+    @property
+    def triggers(self) -> frozenset[str]:
+        """The business conditions that trigger this step's compensation."""
+        raw = self.compensation_trigger
+        if raw is None:
+            return frozenset({"goal_abandoned"})
+        items = (raw,) if isinstance(raw, str) else tuple(raw)
+        return frozenset(i for i in items if i != "never")
 
     def operation_id_for(self, run_input: Mapping[str, Any]) -> str | None:
         """The logical operation id with the run's input substituted.

@@ -169,6 +169,9 @@ class RunRecord:
     lease_token: int = 0
     #: When the current lease expires (epoch seconds).
     lease_expires_at: float | None = None
+    #: An operator's pending request to stop the run: ``{"kind": "cancel" | "compensate",
+    #: "reason", "by", "at"}``. The worker holding the run honours it at its next step boundary.
+    control: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready view (CLI ``--json``, the HTTP API)."""
@@ -223,6 +226,12 @@ class StepRecord:
     created_at: float
     #: Last changed (epoch seconds).
     updated_at: float
+    #: The completion state required when the intent was recorded (fixed for the step's life).
+    required_state: str | None = None
+    #: For a compensation step: the effect it answers.
+    compensates: str | None = None
+    #: The approval the call ran under, when one was needed.
+    approval_id: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready view."""
@@ -341,6 +350,60 @@ class AuditEvent:
     prev_hash: str
     #: sha256 over ``prev_hash`` and this event's content.
     hash: str
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready view."""
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass(frozen=True)
+class ApprovalRecord:
+    """A person's approval of one step's exact request (a financial write, a compensation)."""
+
+    #: The approver's id for the approval (a ticket, a change request); unique.
+    approval_id: str
+    #: The tenant.
+    tenant: str
+    #: The run.
+    run_id: str
+    #: The step approved.
+    step_id: str
+    #: The request approved: an approval never carries over to another payload.
+    request_digest: str
+    #: Who approved.
+    approver: str
+    #: Free text the approver gave.
+    note: str | None
+    #: When (epoch seconds).
+    approved_at: float
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready view."""
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass(frozen=True)
+class Inventory:
+    """What a cancel (or an abandoned goal) left in the world, by effect id (DESIGN §5)."""
+
+    #: The run.
+    run_id: str
+    #: The run's status after the cancel was applied.
+    status: RunStatus
+    #: Effects that happened and stay happened (compensated ones included: they still happened).
+    confirmed: list[str]
+    #: Calls still running in another worker when the cancel was asked.
+    in_flight: list[str]
+    #: Effects that may have happened: queued for reconciliation.
+    unknown: list[str]
+    #: Compensation effects that answered a confirmed effect.
+    compensated: list[str]
+    #: Compensations waiting for an approval or a person.
+    compensation_pending: list[str]
+    #: Steps that never started because of the cancel.
+    cancelled_steps: list[str]
+    #: Effects whose in-progress call was stopped by the tool's cancel operation.
+    stopped: list[str] = dataclasses.field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready view."""

@@ -13,7 +13,7 @@ import json
 import os
 import sqlite3
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from importlib import resources
 from pathlib import Path
@@ -23,6 +23,7 @@ from urllib.parse import parse_qs, urlparse
 from effectflow import digests, errors
 from effectflow.ledger import audit as audit_chain
 from effectflow.ledger import records
+from effectflow.ledger.local import LocalTransaction
 from effectflow.ledger.store import AuditProblem, Batch, DecisionRecord, OperationBinding
 
 T = TypeVar("T")
@@ -66,7 +67,7 @@ def _loads(text: str | None) -> Any:
 
 
 # Each record maps to a table whose columns are its fields, JSON-encoded where named ``*_json``.
-_JSON_FIELDS = {"input", "output", "error", "evidence", "detail"}
+_JSON_FIELDS = {"input", "output", "error", "evidence", "detail", "control"}
 
 
 def _column(field: str) -> str:
@@ -220,10 +221,24 @@ class SQLiteStore:
 
     # -- writes ---------------------------------------------------------------------------------
 
-    def apply(self, batch: Batch, *, lease_ttl: float, now: float) -> None:
+    def apply(self, batch: Batch, *, lease_ttl: float, now: float) -> dict[str, Any] | None:
         """Commit one batch in one transaction (see ``LedgerStore.apply``)."""
         with self._write() as conn:
-            self._apply_txn(conn, batch, lease_ttl=lease_ttl, now=now)
+            return self._apply_txn(conn, batch, lease_ttl=lease_ttl, now=now)
+
+    def apply_with(
+        self,
+        work: Callable[[LocalTransaction], T],
+        finish: Callable[[T], Batch],
+        *,
+        lease_ttl: float,
+        now: float,
+    ) -> tuple[T, dict[str, Any] | None]:
+        """A local transaction: the tool's writes and its checkpoint in one commit."""
+        with self._write() as conn:
+            value = work(LocalTransaction(conn, backend="sqlite", paramstyle="qmark"))
+            control = self._apply_txn(conn, finish(value), lease_ttl=lease_ttl, now=now)
+            return value, control
 
     def apply_many(
         self, batches: Sequence[Batch], *, lease_ttl: float, now: float
@@ -246,7 +261,7 @@ class SQLiteStore:
 
     def _apply_txn(
         self, conn: sqlite3.Connection, batch: Batch, *, lease_ttl: float, now: float
-    ) -> None:
+    ) -> dict[str, Any] | None:
         if batch.new_run is not None:
             run = batch.new_run
             conn.execute(
@@ -256,7 +271,7 @@ class SQLiteStore:
         if batch.lease_token is not None:
             head = conn.execute(
                 "UPDATE runs SET lease_expires_at = ? WHERE run_id = ? AND lease_token = ? "
-                "RETURNING audit_head, audit_count",
+                "RETURNING audit_head, audit_count, control_json",
                 (now + lease_ttl, batch.run_id, batch.lease_token),
             ).fetchone()
             if head is None:
@@ -267,7 +282,8 @@ class SQLiteStore:
                 )
         else:
             head = conn.execute(
-                "SELECT audit_head, audit_count FROM runs WHERE run_id = ?", (batch.run_id,)
+                "SELECT audit_head, audit_count, control_json FROM runs WHERE run_id = ?",
+                (batch.run_id,),
             ).fetchone()
             if head is None:
                 raise errors.RunNotFound(f"run {batch.run_id} does not exist", run_id=batch.run_id)
@@ -283,6 +299,21 @@ class SQLiteStore:
                     decision.params_digest,
                     decision.effect_id,
                     decision.decided_at,
+                ),
+            )
+        for approval in batch.approvals:
+            conn.execute(
+                "INSERT INTO approvals (approval_id, tenant, run_id, step_id, request_digest, "
+                "approver, note, approved_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    approval.approval_id,
+                    approval.tenant,
+                    approval.run_id,
+                    approval.step_id,
+                    approval.request_digest,
+                    approval.approver,
+                    approval.note,
+                    approval.approved_at,
                 ),
             )
         if batch.steps:
@@ -341,6 +372,10 @@ class SQLiteStore:
                 f"UPDATE runs SET {', '.join(f'{c} = ?' for c, _ in cols)} WHERE run_id = ?",
                 [*(v for _, v in cols), batch.run_id],
             )
+        if "control" in changes:
+            control: dict[str, Any] | None = changes["control"]
+            return control
+        return _loads(head["control_json"])  # type: ignore[no-any-return]
 
     def _bind_operation_txn(self, conn: sqlite3.Connection, op: OperationBinding) -> None:
         cur = conn.execute(
@@ -518,6 +553,24 @@ class SQLiteStore:
         """A pinned decision, or None."""
         rows = self._all("SELECT * FROM decisions WHERE decision_id = ?", (decision_id,))
         return DecisionRecord(**dict(rows[0])) if rows else None
+
+    def get_approval(self, approval_id: str) -> records.ApprovalRecord | None:
+        """An approval by id, or None."""
+        rows = self._all("SELECT * FROM approvals WHERE approval_id = ?", (approval_id,))
+        return records.ApprovalRecord(**dict(rows[0])) if rows else None
+
+    def approvals(self, run_id: str, step_id: str | None = None) -> list[records.ApprovalRecord]:
+        """Approvals oldest first."""
+        if step_id is None:
+            rows = self._all(
+                "SELECT * FROM approvals WHERE run_id = ? ORDER BY approved_at", (run_id,)
+            )
+        else:
+            rows = self._all(
+                "SELECT * FROM approvals WHERE run_id = ? AND step_id = ? ORDER BY approved_at",
+                (run_id, step_id),
+            )
+        return [records.ApprovalRecord(**dict(r)) for r in rows]
 
     def audit(self, run_id: str) -> list[records.AuditEvent]:
         """The run's audit events in order."""

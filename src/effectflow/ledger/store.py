@@ -9,12 +9,15 @@ two), and a backend can group-commit the batches of many runs in one transaction
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
-from typing import Any, Protocol
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol, TypeVar
 from urllib.parse import urlparse
 
 from effectflow import errors
 from effectflow.ledger import records
+from effectflow.ledger.local import LocalTransaction
+
+T = TypeVar("T")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,6 +105,8 @@ class Batch:
     operations: list[OperationBinding] = dataclasses.field(default_factory=list)
     #: Decisions by people to pin.
     decisions: list[DecisionRecord] = dataclasses.field(default_factory=list)
+    #: Approvals given by people.
+    approvals: list[records.ApprovalRecord] = dataclasses.field(default_factory=list)
     #: Audit events, in order.
     audit: list[AuditDraft] = dataclasses.field(default_factory=list)
 
@@ -140,6 +145,7 @@ class Batch:
         self.attempts.update(later.attempts)
         self.operations.extend(later.operations)
         self.decisions.extend(later.decisions)
+        self.approvals.extend(later.approvals)
         self.audit.extend(later.audit)
         if later.lease_token is not None:
             self.lease_token = later.lease_token
@@ -155,6 +161,7 @@ class Batch:
             or self.attempts
             or self.operations
             or self.decisions
+            or self.approvals
             or self.audit
         )
 
@@ -185,8 +192,11 @@ class LedgerStore(Protocol):
         """The newest migration applied."""
         ...
 
-    def apply(self, batch: Batch, *, lease_ttl: float, now: float) -> None:
+    def apply(self, batch: Batch, *, lease_ttl: float, now: float) -> dict[str, Any] | None:
         """Commit ``batch`` in one transaction; renews the lease it is fenced by.
+
+        Returns the run's ``control`` request (cancel / compensate) when an operator made one, so
+        the writer learns of it with the write it had to make anyway, at no extra query.
 
         Raises:
             errors.LeaseLost: the batch's lease token is not the run's current one; nothing written.
@@ -200,6 +210,21 @@ class LedgerStore(Protocol):
         """Commit several runs' batches in as few transactions as possible (group commit).
 
         Returns, per batch, None or the error that refused it (the others still commit).
+        """
+        ...
+
+    def apply_with(
+        self,
+        work: Callable[[LocalTransaction], T],
+        finish: Callable[[T], Batch],
+        *,
+        lease_ttl: float,
+        now: float,
+    ) -> tuple[T, dict[str, Any] | None]:
+        """Run ``work`` inside a ledger transaction, then write ``finish(result)`` in the same one.
+
+        Everything commits together; any exception (from ``work``, ``finish``, or a refused batch)
+        rolls everything back. Returns the work's result and the run's control request.
         """
         ...
 
@@ -264,6 +289,14 @@ class LedgerStore(Protocol):
 
     def get_decision(self, decision_id: str) -> DecisionRecord | None:
         """A pinned decision, or None."""
+        ...
+
+    def get_approval(self, approval_id: str) -> records.ApprovalRecord | None:
+        """An approval by its id, or None."""
+        ...
+
+    def approvals(self, run_id: str, step_id: str | None = None) -> list[records.ApprovalRecord]:
+        """A run's approvals (of one step), oldest first."""
         ...
 
     def audit(self, run_id: str) -> list[records.AuditEvent]:

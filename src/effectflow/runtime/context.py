@@ -7,7 +7,9 @@ import concurrent.futures
 import time
 from typing import Any
 
+from effectflow import errors
 from effectflow.contracts.tool import Tool
+from effectflow.ledger.local import LocalTransaction
 from effectflow.runtime import engine, requests
 from effectflow.runtime import state as state_mod
 
@@ -30,9 +32,6 @@ class _Base:
     def input(self) -> dict[str, Any]:
         """The run's recorded input."""
         return dict(self._state.run.input)
-
-    def _commit(self, request: requests.Commit) -> None:
-        self._state.runtime.commit(self._state, request.batch)
 
 
 def _call_sync(
@@ -57,6 +56,45 @@ def _call_sync(
         pool.shutdown(wait=False)
 
 
+def drive(state: state_mod.RunState, gen: requests.Machine) -> Any:
+    """Run a step machine to its value, doing its requests with blocking I/O."""
+    answer: Any = None
+    while True:
+        try:
+            request = gen.send(answer)
+        except StopIteration as stop:
+            return stop.value
+        answer = None
+        if isinstance(request, requests.Commit):
+            state.runtime.commit(state, request.batch)
+        elif isinstance(request, requests.Invoke):
+            try:
+                answer = requests.Result(
+                    _call_sync(request.tool, request.args, request.kwargs, request.timeout)
+                )
+            except Exception as exc:
+                answer = requests.Result(error=exc)
+        elif isinstance(request, requests.InTransaction):
+            answer = _in_transaction(state, request)
+        else:
+            time.sleep(request.seconds)
+
+
+def _in_transaction(state: state_mod.RunState, request: requests.InTransaction) -> requests.Result:
+    """The tool's writes and ``request.finish``'s checkpoint commit together, or neither does."""
+
+    def work(tx: LocalTransaction) -> Any:
+        return request.tool.fn(*request.args, **request.kwargs, tx=tx)
+
+    try:
+        value = state.runtime.commit_with(state, work, request.finish)
+    except errors.LeaseLost:
+        raise
+    except Exception as exc:
+        return requests.Result(error=exc)
+    return requests.Result(value)
+
+
 class Context(_Base):
     """The context of a sync workflow: ``ctx.call`` returns the step's value."""
 
@@ -68,6 +106,7 @@ class Context(_Base):
         *args: Any,
         operation_id: str | None = None,
         target: str | None = None,
+        observe: str | None = None,
         **kwargs: Any,
     ) -> Any:
         """Run one step through its contract and return its (recorded) result.
@@ -78,29 +117,20 @@ class Context(_Base):
             operation_id: the logical operation (``op_case_92_email``); defaults to run + step.
             target: the resource the call acts on, part of the key (defaults to the contract's
                 ``target`` argument).
+            observe: the read step this write's ``precondition=ef.Expect(...)`` came from; on a
+                conflict the run re-runs it and tries again with the new observation.
         """
         machine = engine.StepMachine(
-            self._state, step_id, tool, args, kwargs, operation_id=operation_id, target=target
+            self._state,
+            step_id,
+            tool,
+            args,
+            kwargs,
+            operation_id=operation_id,
+            target=target,
+            observe=observe,
         )
-        gen = machine.run()
-        answer: Any = None
-        while True:
-            try:
-                request = gen.send(answer)
-            except StopIteration as stop:
-                return stop.value
-            answer = None
-            if isinstance(request, requests.Commit):
-                self._commit(request)
-            elif isinstance(request, requests.Invoke):
-                try:
-                    answer = requests.Result(
-                        _call_sync(request.tool, request.args, request.kwargs, request.timeout)
-                    )
-                except Exception as exc:
-                    answer = requests.Result(error=exc)
-            else:
-                time.sleep(request.seconds)
+        return drive(self._state, machine.run())
 
 
 class AsyncContext(_Base):
@@ -114,11 +144,19 @@ class AsyncContext(_Base):
         *args: Any,
         operation_id: str | None = None,
         target: str | None = None,
+        observe: str | None = None,
         **kwargs: Any,
     ) -> Any:
         """The async twin of ``Context.call``."""
         machine = engine.StepMachine(
-            self._state, step_id, tool, args, kwargs, operation_id=operation_id, target=target
+            self._state,
+            step_id,
+            tool,
+            args,
+            kwargs,
+            operation_id=operation_id,
+            target=target,
+            observe=observe,
         )
         gen = machine.run()
         answer: Any = None
@@ -129,12 +167,15 @@ class AsyncContext(_Base):
                 return stop.value
             answer = None
             if isinstance(request, requests.Commit):
-                self._commit(request)
+                self._state.runtime.commit(self._state, request.batch)
             elif isinstance(request, requests.Invoke):
                 try:
                     answer = requests.Result(await _call_async(request))
                 except Exception as exc:
                     answer = requests.Result(error=exc)
+            elif isinstance(request, requests.InTransaction):
+                # The ledger's transaction is synchronous; the tool runs inside it on this thread.
+                answer = _in_transaction(self._state, request)
             else:
                 await asyncio.sleep(request.seconds)
 

@@ -17,27 +17,27 @@ Every branch after an attempt goes through ``decision.decide``.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Generator, Mapping
+from collections.abc import Callable, Generator, Mapping
 from typing import Any
 
 from effectflow import digests, errors
-from effectflow.contracts.lookup import LookupStatus
-from effectflow.contracts.tool import EffectClass, Tool
+from effectflow.contracts.tool import CommitSemantics, EffectClass, Tool
 from effectflow.contracts.workflow import StepContract
 from effectflow.ledger import records
 from effectflow.ledger.records import NextAction, Outcome, StepStatus
-from effectflow.ledger.store import OperationBinding
+from effectflow.ledger.store import Batch, OperationBinding
 from effectflow.policies import decision, retry
 from effectflow.policies.decision import Action, Situation
 from effectflow.runtime import outcomes, requests
 from effectflow.runtime import state as state_mod
 from effectflow.runtime.faults import FaultPoint
+from effectflow.runtime.settle import SettleMixin
 
 #: Largest canonical argument payload recorded for one step.
 MAX_PAYLOAD_BYTES = 1_000_000
 
 
-class StepMachine:
+class StepMachine(SettleMixin):
     """One ``ctx.call``: from arguments to a recorded, decided outcome."""
 
     def __init__(
@@ -50,6 +50,8 @@ class StepMachine:
         *,
         operation_id: str | None,
         target: str | None,
+        observe: str | None = None,
+        compensates: records.EffectRecord | None = None,
     ) -> None:
         if not isinstance(tool, Tool):
             raise errors.ContractError(
@@ -71,8 +73,9 @@ class StepMachine:
         self.step_contract: StepContract | None = state.workflow.steps.get(step_id)
         self.run_id = state.run.run_id
         self.effect: records.EffectRecord | None = None
-
-    # -- entry ------------------------------------------------------------------------------------
+        self.observe = observe
+        self.compensates = compensates
+        self.revision = 1
 
     def run(self) -> requests.Machine:
         """Drive the step to a value for the workflow (or raise what the workflow should see)."""
@@ -84,6 +87,9 @@ class StepMachine:
                 run_id=self.run_id,
                 step_id=self.step_id,
             )
+        if st.control is not None and self.compensates is None:
+            # An operator asked to cancel or compensate: no new step starts.
+            raise requests.Stop(st.control)
         st.seen.add(self.step_id)
         sc = self.step_contract
         if (
@@ -110,6 +116,15 @@ class StepMachine:
         self.payload: dict[str, Any] = payload
         self.request_digest = "sha256:" + digests.sha256_hex(text)
         existing = st.steps.get(self.step_id)
+        if (
+            existing is not None
+            and existing.status is StepStatus.CONFLICT
+            and existing.request_digest != self.request_digest
+        ):
+            # A write that conflicted, now called with a new precondition (the workflow observed
+            # again): a new revision of the step, with its own logical operation, key and effect.
+            self.revision = existing.step_revision + 1
+            existing = None
         if existing is not None:
             self._check_same_request(existing)
             if existing.status is StepStatus.CONFIRMED:
@@ -117,6 +132,8 @@ class StepMachine:
                 return existing.output
         if not self.contract.effect.writes:
             return (yield from self._pure_or_read(existing))
+        if self.contract.commit is CommitSemantics.LOCAL_TRANSACTION:
+            return (yield from self._local(existing))
         return (yield from self._write(existing))
 
     def _check_same_request(self, existing: records.StepRecord) -> None:
@@ -136,8 +153,6 @@ class StepMachine:
                 step_id=self.step_id,
                 idempotency_key=existing.idempotency_key,
             )
-
-    # -- pure and read ----------------------------------------------------------------------------
 
     def _pure_or_read(self, existing: records.StepRecord | None) -> requests.Machine:
         st = self.state
@@ -207,8 +222,6 @@ class StepMachine:
             "step_" + status.value, now, step_id=self.step_id, error=outcomes.error_of(exc)
         )
 
-    # -- writes -----------------------------------------------------------------------------------
-
     def _write(self, existing: records.StepRecord | None) -> requests.Machine:
         st = self.state
         sc = self.step_contract
@@ -217,6 +230,8 @@ class StepMachine:
             or (sc.operation_id_for(st.run.input) if sc is not None else None)
             or f"{self.run_id}/{self.step_id}"
         )
+        if self.revision > 1:
+            op_id = f"{op_id}#r{self.revision}"
         if self.target is not None:
             target = self.target
         elif self.contract.target is not None:
@@ -230,8 +245,15 @@ class StepMachine:
             payload_digest=self.request_digest,
             logical_operation_id=op_id,
         )
+        if existing is not None and existing.status is StepStatus.PENDING:
+            existing = None if existing.effect_id is None else existing
         if existing is None:
-            reused = yield from self._record_intent(op_id)
+            approval = None
+            if self._approval_needed():
+                approval = self._approval()
+                if approval is None:
+                    yield from self._await_approval(st.steps.get(self.step_id))
+            reused = yield from self._record_intent(op_id, approval)
             if reused is not None:
                 return reused
             step = st.steps[self.step_id]
@@ -239,6 +261,7 @@ class StepMachine:
         else:
             step = existing
             st.link_previous(self.step_id, st.pending)
+            self._check_required_state(step)
             situation = self._situation_of(step)
             if situation is Situation.IN_DOUBT:
                 self._close_orphan_attempts(step)
@@ -260,6 +283,12 @@ class StepMachine:
                     yield requests.Sleep(retry.backoff(self.contract.retry, used, st.rng))
                 situation = yield from self._lookup(step, verdict)
                 continue
+            if action is Action.AWAIT_COMPLETION:
+                yield requests.Sleep(self._completion_wait(step))
+                situation = yield from self._lookup(step, verdict)
+                continue
+            if action is Action.REOBSERVE:
+                yield from self._reobserve(step, verdict)
             if action is Action.ASK_A_PERSON:
                 yield from self._ask_a_person(step, verdict)
             if action is Action.FAIL:
@@ -270,7 +299,37 @@ class StepMachine:
                 step_id=self.step_id,
             )
 
-    def _record_intent(self, op_id: str) -> Generator[requests.Request, Any, Any]:
+    def _approval_needed(self) -> bool:
+        """Financial writes (by default) and non-automatic or financial compensations need one."""
+        if self.compensates is not None:
+            original = self.state.runtime.registry.tool(self.compensates.tool).contract
+            compensation = original.compensation
+            return (
+                compensation is None
+                or not compensation.automatic
+                or original.effect is EffectClass.FINANCIAL_WRITE
+                or self.contract.effect is EffectClass.FINANCIAL_WRITE
+            )
+        return self.contract.needs_approval
+
+    def _check_required_state(self, step: records.StepRecord) -> None:
+        """The required completion state is fixed at the intent; a changed contract is refused."""
+        if step.required_state is None or self.contract.completion is None:
+            return
+        now_required = self._required_state()
+        if now_required != step.required_state:
+            raise errors.ContractError(
+                f"step {self.step_id} was started requiring completion state "
+                f"{step.required_state!r}; the contract now says {now_required!r}. The required "
+                "state cannot change for a running step: restore the contract, or settle the step "
+                "(rt.resolve) and start a new run",
+                run_id=self.run_id,
+                step_id=self.step_id,
+            )
+
+    def _record_intent(
+        self, op_id: str, approval: records.ApprovalRecord | None = None
+    ) -> Generator[requests.Request, Any, Any]:
         """Step 1 of the write path: the intent, durable before anything is sent."""
         st = self.state
         store = st.runtime.store
@@ -307,11 +366,13 @@ class StepMachine:
             response_digest=None,
         )
         step = dataclasses.replace(
-            self._step_record(None, StepStatus.INTENT_RECORDED, now),
+            self._step_record(None, StepStatus.INTENT_RECORDED, now, revision=self.revision),
             logical_operation_id=op_id,
             idempotency_key=self.key,
             effect_id=effect_id,
             next_action=NextAction.RECONCILE,
+            required_state=self._required_state(),
+            approval_id=None if approval is None else approval.approval_id,
         )
         effect = records.EffectRecord(
             effect_id=effect_id,
@@ -328,9 +389,9 @@ class StepMachine:
             external_system=self.contract.external_system or self.contract.name,
             external_effect_id=None,
             committed_at=None,
-            approval_id=None,
+            approval_id=None if approval is None else approval.approval_id,
             compensation_status=outcomes.compensation_status(self.tool),
-            compensates=None,
+            compensates=None if self.compensates is None else self.compensates.effect_id,
             evidence=None,
             resolved_by=None,
             next_action=NextAction.RECONCILE,
@@ -345,6 +406,8 @@ class StepMachine:
         )
         batch = st.batch()
         st.link_previous(self.step_id, batch)
+        if self.compensates is not None:
+            self._mark_original(batch, self.compensates, "compensating", now)
         batch.operations.append(
             OperationBinding(
                 tenant=st.run.tenant,
@@ -371,6 +434,9 @@ class StepMachine:
             logical_operation_id=op_id,
             idempotency_key=self.key,
             request_digest=self.request_digest,
+            step_revision=self.revision,
+            approval_id=None if approval is None else approval.approval_id,
+            compensates=None if self.compensates is None else self.compensates.effect_id,
         )
         st.faults.hit(FaultPoint.BEFORE_INTENT, self.step_id)
         yield requests.Commit(batch)
@@ -454,6 +520,8 @@ class StepMachine:
             st.note_attempt(attempt)
         else:
             attempt = st.attempts(self.step_id)[-1]
+        if st.control is not None and self.compensates is None:
+            yield from self._stop_before_call(step, attempt)
         kwargs = dict(self.kwargs)
         if self.tool.takes_key:
             kwargs[self.contract.idempotency.key_param] = self.key
@@ -495,6 +563,10 @@ class StepMachine:
         )
         if outcome is Outcome.COMMITTED:
             step, effect = self._confirm(step, effect, output, now)
+            if step.status is StepStatus.AWAITING_COMPLETION:
+                situation = Situation.BELOW_REQUIRED_STATE
+            else:
+                self._answer_original(batch, now)
         else:
             next_action = outcomes.next_action_of(situation)
             step = dataclasses.replace(step, next_action=next_action)
@@ -511,6 +583,8 @@ class StepMachine:
             detail["replayed"] = True
         if effect.external_effect_id is not None:
             detail["external_effect_id"] = effect.external_effect_id
+        if step.completion_state is not None:
+            detail["completion_state"] = step.completion_state
         batch.event("outcome", now, step_id=self.step_id, effect_id=effect.effect_id, **detail)
         yield requests.Commit(batch)
         st.steps[self.step_id] = step
@@ -518,376 +592,219 @@ class StepMachine:
         st.faults.hit(FaultPoint.AFTER_RECORD, self.step_id)
         return situation
 
-    def _lookup(
-        self, step: records.StepRecord, verdict: decision.Decision
-    ) -> Generator[requests.Request, Any, Situation]:
-        """Ask the contract's lookup tool whether the effect exists, and record the answer."""
+    def _stop_before_call(
+        self, step: records.StepRecord, attempt: records.AttemptRecord
+    ) -> Generator[requests.Request, Any, None]:
+        """A cancel arrived with the intent's commit: nothing was sent, so the step is cancelled."""
         st = self.state
-        assert self.contract.confirm is not None
-        lookup_tool = st.runtime.registry.tool(self.contract.confirm)
+        assert st.control is not None
         now = st.now()
-        attempt = self._new_attempt(records.AttemptKind.LOOKUP, now)
-        kwargs: dict[str, Any] = {}
-        params = lookup_tool.signature.parameters
-        if "idempotency_key" in params:
-            kwargs["idempotency_key"] = self.key
-        if "external_effect_id" in params:
-            kwargs["external_effect_id"] = step.external_effect_id
-        result: requests.Result = yield requests.Invoke(
-            lookup_tool, (), kwargs, lookup_tool.contract.timeout
-        )
-        st.faults.hit(FaultPoint.AFTER_LOOKUP_BEFORE_RECORD, self.step_id)
-        now = st.now()
-        answer = outcomes.lookup_answer(result)
         effect = self._effect(step)
         batch = st.batch()
-        if answer.status is LookupStatus.CONFIRMED:
-            outcome, situation = Outcome.COMMITTED, Situation.CONFIRMED
-        elif answer.status is LookupStatus.NOT_COMMITTED:
-            outcome, situation = Outcome.NOT_COMMITTED, Situation.NOT_COMMITTED
-        else:
-            outcome, situation = Outcome.UNKNOWN, Situation.IN_DOUBT
-        evidence = digests.to_jsonable(answer.evidence, path=f"{self.step_id}.lookup.evidence")
         ended = dataclasses.replace(
             attempt,
             ended_at=now,
-            outcome=outcome,
-            error=None if answer.reason is None else {"code": "unknown", "message": answer.reason},
+            outcome=Outcome.NOT_COMMITTED,
+            error={"code": "cancelled", "message": "the run was cancelled before the call"},
         )
         batch.attempt(ended)
-        status = outcomes.status_of(situation)
-        step = dataclasses.replace(step, status=status, updated_at=now)
-        effect = dataclasses.replace(
-            effect, status=status, version=effect.version + 1, updated_at=now, evidence=evidence
+        step = dataclasses.replace(
+            step, status=StepStatus.CANCELLED, next_action=NextAction.NONE, updated_at=now
         )
-        if answer.status is LookupStatus.CONFIRMED:
-            output = answer.result
-            if output is None:
-                output = {
-                    **evidence,
-                    **(
-                        {self.contract.effect_id: answer.external_effect_id}
-                        if self.contract.effect_id
-                        else {}
-                    ),
-                }
-            output = self._recordable(output)
-            if answer.external_effect_id is not None:
-                effect = dataclasses.replace(effect, external_effect_id=answer.external_effect_id)
-            step, effect = self._confirm(step, effect, output, now, state=answer.state)
-        else:
-            next_action = outcomes.next_action_of(situation)
-            step = dataclasses.replace(step, next_action=next_action)
-            effect = dataclasses.replace(effect, next_action=next_action)
+        effect = dataclasses.replace(
+            effect,
+            status=StepStatus.CANCELLED,
+            next_action=NextAction.NONE,
+            version=effect.version + 1,
+            updated_at=now,
+        )
         batch.step(step)
         batch.effect(effect)
-        self.effect = effect
         batch.event(
-            "lookup",
+            "step_cancelled",
             now,
             step_id=self.step_id,
             effect_id=effect.effect_id,
-            lookup_tool=lookup_tool.ref,
-            answer=answer.status.value,
-            reason=answer.reason,
-            row=verdict.row,
-            external_effect_id=answer.external_effect_id,
-            evidence=evidence,
+            reason="cancel requested before the call was sent",
         )
         yield requests.Commit(batch)
         st.steps[self.step_id] = step
         st.note_attempt(ended)
-        return situation
-
-    def _ask_a_person(
-        self, step: records.StepRecord, verdict: decision.Decision
-    ) -> Generator[requests.Request, Any, None]:
-        st = self.state
-        now = st.now()
-        effect = self._effect(step)
-        step = dataclasses.replace(
-            step,
-            status=StepStatus.NEEDS_ATTENTION,
-            next_action=NextAction.ASK_A_PERSON,
-            updated_at=now,
-        )
-        effect = dataclasses.replace(
-            effect,
-            status=StepStatus.NEEDS_ATTENTION,
-            next_action=NextAction.ASK_A_PERSON,
-            version=effect.version + 1,
-            updated_at=now,
-        )
-        batch = st.batch()
-        batch.step(step)
-        batch.effect(effect)
         self.effect = effect
-        batch.run_changes.update(
-            status=records.RunStatus.PAUSED,
-            next_action=NextAction.ASK_A_PERSON,
-            error={
-                "code": "needs_attention",
-                "message": verdict.reason,
-                "step_id": self.step_id,
-                "effect_id": effect.effect_id,
-                "row": verdict.row,
-            },
-            lease_owner=None,
-            lease_expires_at=None,
-        )
-        batch.event(
-            "needs_attention",
-            now,
-            step_id=self.step_id,
-            effect_id=effect.effect_id,
-            row=verdict.row,
-            reason=verdict.reason,
-        )
-        batch.event("run_paused", now, step_id=self.step_id, reason=verdict.reason)
-        yield requests.Commit(batch)
-        st.steps[self.step_id] = step
-        raise requests.Suspend(self.step_id, verdict.reason)
+        raise requests.Stop(st.control)
 
-    def _fail(self, step: records.StepRecord, verdict: decision.Decision) -> errors.EffectflowError:
-        """Record a definite failure (it rides with the run's failure commit) and build the error."""
+    # -- local transactions -----------------------------------------------------------------------
+
+    def _local(self, existing: records.StepRecord | None) -> requests.Machine:
+        """A ``local_transaction`` tool: intent, call and outcome are one ACID transaction.
+
+        There is no unknown window: either the tool's writes and the confirmed step commit together,
+        or neither does (real rollback) and the step is recorded as not committed.
+        """
         st = self.state
-        now = st.now()
-        effect = self._effect(step)
-        step = dataclasses.replace(
-            step, status=verdict.status, next_action=NextAction.NONE, updated_at=now
-        )
-        effect = dataclasses.replace(
-            effect,
-            status=verdict.status,
-            next_action=NextAction.NONE,
-            version=effect.version + 1,
-            updated_at=now,
-        )
-        st.steps[self.step_id] = step
-        st.pending.step(step)
-        st.pending.effect(effect)
-        self.effect = effect
-        st.pending.event(
-            "step_" + verdict.status.value,
-            now,
-            step_id=self.step_id,
-            effect_id=effect.effect_id,
-            row=verdict.row,
-            reason=verdict.reason,
-        )
-        message = f"step {self.step_id}: {verdict.reason}"
-        if step.error:
-            message += f" (last error: {step.error.get('message')})"
-        if verdict.status is StepStatus.REJECTED:
-            if (step.error or {}).get("type") == "IdempotencyConflict":
-                return errors.IdempotencyConflict(
-                    message, run_id=self.run_id, step_id=self.step_id, idempotency_key=self.key
-                )
-            return errors.StepRejected(message, run_id=self.run_id, step_id=self.step_id)
-        return errors.RetryBudgetExhausted(message, run_id=self.run_id, step_id=self.step_id)
-
-    # -- helpers ----------------------------------------------------------------------------------
-
-    def _confirm(
-        self,
-        step: records.StepRecord,
-        effect: records.EffectRecord,
-        output: Any,
-        now: float,
-        *,
-        state: str | None = None,
-    ) -> tuple[records.StepRecord, records.EffectRecord]:
-        ext_id = effect.external_effect_id
-        if self.contract.effect_id and isinstance(output, Mapping):
-            found = output.get(self.contract.effect_id)
-            if found is not None:
-                ext_id = str(found)
-        completion = self.contract.completion
-        completion_state = state
-        if completion_state is None and isinstance(output, Mapping):
-            reported = output.get("status", output.get("state"))
-            if completion is not None and reported in completion.states:
-                completion_state = str(reported)
-        if completion_state is None and completion is not None:
-            completion_state = completion.states[0]
-        step = dataclasses.replace(
-            step,
-            status=StepStatus.CONFIRMED,
-            output=output,
-            external_effect_id=ext_id,
-            completion_state=completion_state,
-            confirmed_at=now,
-            next_action=NextAction.USE_RESULT,
-            error=None,
-        )
-        effect = dataclasses.replace(
-            effect,
-            status=StepStatus.CONFIRMED,
-            external_effect_id=ext_id,
-            committed_at=now,
-            next_action=NextAction.NONE,
-        )
-        return step, effect
-
-    def _effect(self, step: records.StepRecord) -> records.EffectRecord:
-        cached = self.effect
-        if cached is not None and cached.effect_id == step.effect_id:
-            return cached
-        assert step.effect_id is not None
-        found = self.state.runtime.store.get_effect(step.effect_id)
-        if found is None:  # pragma: no cover - the ledger wrote both in one transaction
-            raise errors.EffectNotFound(
-                f"effect {step.effect_id} of step {self.step_id} is missing from the ledger",
+        policy = self.contract.retry
+        if existing is not None and existing.status is not StepStatus.NOT_COMMITTED:
+            raise errors.StepFailed(
+                f"step {self.step_id} is {existing.status}; a local transaction step is either "
+                "confirmed or not committed",
                 run_id=self.run_id,
                 step_id=self.step_id,
-                effect_id=step.effect_id,
             )
-        return found
+        tries = 0
+        while True:
+            tries += 1
+            started = st.now()
+            effect_id = (
+                existing.effect_id if existing and existing.effect_id else requests.new_id("eff")
+            )
+            attempt = self._new_attempt(records.AttemptKind.CALL, started)
 
-    def _new_attempt(self, kind: records.AttemptKind, now: float) -> records.AttemptRecord:
-        known = self.state.attempts(self.step_id)
-        return records.AttemptRecord(
-            attempt_id=requests.new_id("att"),
-            run_id=self.run_id,
-            step_id=self.step_id,
-            number=len(known) + 1,
-            kind=kind,
-            generation=self.state.run.generation,
-            started_at=now,
-            ended_at=None,
-            outcome=None,
-            error=None,
-            response_digest=None,
-        )
-
-    def _count(self, kind: records.AttemptKind) -> int:
-        generation = self.state.run.generation
-        return sum(
-            1
-            for a in self.state.attempts(self.step_id)
-            if a.kind is kind and a.generation == generation
-        )
-
-    def _earlier_call_in_doubt(self, current: records.AttemptRecord) -> bool:
-        """Whether an earlier call may have committed, with no lookup or person answering it since."""
-        in_doubt = False
-        for attempt in self.state.attempts(self.step_id):
-            if attempt.attempt_id == current.attempt_id:
-                continue
-            if attempt.kind is records.AttemptKind.CALL:
-                in_doubt = in_doubt or attempt.outcome in (Outcome.UNKNOWN, None)
-            elif attempt.outcome is Outcome.NOT_COMMITTED:
-                in_doubt = False
-        return in_doubt
-
-    def _facts(self, step: records.StepRecord) -> decision.Facts:
-        contract = self.contract
-        sc = self.step_contract
-        if contract.idempotency.supported:
-            # Key-based dedup: only while the provider still remembers the key (its retention);
-            # past it a retry could duplicate.
-            age = self.state.now() - step.created_at
-            idempotent = self.tool.takes_key and age < contract.idempotency.retention_seconds
-        else:
-            # Natural dedup (an upsert by a natural id, a PUT of the whole state).
-            idempotent = contract.effect is EffectClass.IDEMPOTENT_WRITE
-        kwargs: dict[str, Any] = {}
-        if sc is not None:
-            kwargs["when_unknown"] = sc.when_unknown
-            kwargs["when_not_committed"] = sc.when_not_committed
-        return decision.Facts(
-            effect=contract.effect,
-            idempotent=idempotent,
-            has_lookup=contract.confirm is not None,
-            commit=contract.commit,
-            attempts_used=self._count(records.AttemptKind.CALL),
-            max_attempts=contract.retry.max_attempts,
-            lookups_used=self._count(records.AttemptKind.LOOKUP),
-            max_lookups=contract.retry.max_lookups,
-            has_compensation=contract.compensation is not None,
-            **kwargs,
-        )
-
-    def _situation_of(self, step: records.StepRecord) -> Situation:
-        status = step.status
-        if status in records.IN_DOUBT_STATUSES:
-            return Situation.IN_DOUBT
-        if status in (StepStatus.NOT_COMMITTED, StepStatus.FAILED, StepStatus.PENDING):
-            return Situation.NOT_COMMITTED
-        if status is StepStatus.REJECTED:
-            return Situation.REJECTED
-        if status is StepStatus.CONFLICT:
-            return Situation.CONFLICT
-        raise errors.StepFailed(
-            f"step {self.step_id} is {status}; this version cannot continue it",
-            run_id=self.run_id,
-            step_id=self.step_id,
-        )
-
-    def _close_orphan_attempts(self, step: records.StepRecord) -> None:
-        """Attempts a crashed process left open are unknown: say so (rides with the next commit)."""
-        st = self.state
-        now = st.now()
-        for attempt in st.attempts(self.step_id):
-            if attempt.outcome is None:
-                closed = outcomes.lost_in_flight(attempt, now)
-                st.pending.attempt(closed)
-                st.note_attempt(closed)
-                st.pending.event(
-                    "recovered_in_doubt",
-                    now,
+            deferred = st.pending
+            finish = self._local_finish(existing, effect_id, attempt)
+            result: requests.Result = yield requests.InTransaction(
+                self.tool, self.args, dict(self.kwargs), finish
+            )
+            if result.error is None:
+                step = self._local_step
+                st.steps[self.step_id] = step
+                st.note_attempt(dataclasses.replace(attempt, outcome=Outcome.COMMITTED))
+                return step.output
+            # Rolled back: the tool's writes and the checkpoint are gone together. Record that.
+            st.pending = deferred
+            exc = result.error
+            if isinstance(exc, errors.LeaseLost):
+                raise exc
+            now = st.now()
+            error = outcomes.error_of(exc)
+            rejected = isinstance(exc, errors.Rejected)
+            retryable = isinstance(exc, errors.NotCommitted | TimeoutError | ConnectionError)
+            status = StepStatus.REJECTED if rejected else StepStatus.NOT_COMMITTED
+            batch = st.batch()
+            st.link_previous(self.step_id, batch)
+            step = self._step_record(existing, status, now, error=error)
+            step = dataclasses.replace(
+                step,
+                effect_id=effect_id,
+                next_action=NextAction.EXECUTE if retryable else NextAction.NONE,
+            )
+            batch.step(step)
+            ended = dataclasses.replace(
+                attempt,
+                ended_at=now,
+                outcome=Outcome.REJECTED if rejected else Outcome.NOT_COMMITTED,
+                error=error,
+            )
+            batch.attempt(ended)
+            batch.effect(self._local_effect(effect_id, attempt, status, now))
+            verdict = decision.decide(
+                Situation.TRANSACTION_NOT_COMMITTED, decision.Facts(self.contract.effect)
+            )
+            batch.event(
+                "rollback",
+                now,
+                step_id=self.step_id,
+                effect_id=effect_id,
+                row=verdict.row,
+                reason=verdict.reason,
+                error=error,
+            )
+            yield requests.Commit(batch)
+            st.steps[self.step_id] = step
+            st.note_attempt(ended)
+            existing = step
+            if rejected:
+                raise errors.StepRejected(
+                    f"step {self.step_id}: {self.tool.ref} refused; its transaction rolled back: "
+                    f"{exc}",
+                    run_id=self.run_id,
                     step_id=self.step_id,
-                    effect_id=step.effect_id,
-                    attempt=attempt.number,
-                )
-        st.link_previous(self.step_id, st.pending)
+                ) from exc
+            if not retryable or tries >= policy.max_attempts:
+                raise errors.StepFailed(
+                    f"step {self.step_id}: {self.tool.ref} failed and its transaction rolled back "
+                    f"(nothing was written): {exc}",
+                    run_id=self.run_id,
+                    step_id=self.step_id,
+                ) from exc
+            yield requests.Sleep(retry.backoff(policy, tries, st.rng))
 
-    def _step_record(
+    def _local_finish(
         self,
         existing: records.StepRecord | None,
+        effect_id: str,
+        attempt: records.AttemptRecord,
+    ) -> Callable[[Any], Batch]:
+        """The checkpoint batch of a local transaction, built inside it from the tool's result."""
+        st = self.state
+
+        def finish(value: Any) -> Batch:
+            now = st.now()
+            output = self._recordable(value)
+            st.faults.hit(FaultPoint.IN_LOCAL_TRANSACTION, self.step_id)
+            batch = st.batch()
+            st.link_previous(self.step_id, batch)
+            step = self._step_record(existing, StepStatus.CONFIRMED, now, output=output)
+            step = dataclasses.replace(
+                step,
+                effect_id=effect_id,
+                confirmed_at=now,
+                next_action=NextAction.USE_RESULT,
+                logical_operation_id=f"{self.run_id}/{self.step_id}",
+            )
+            batch.step(step)
+            batch.attempt(
+                dataclasses.replace(
+                    attempt,
+                    ended_at=now,
+                    outcome=Outcome.COMMITTED,
+                    response_digest=digests.digest(output),
+                )
+            )
+            batch.effect(self._local_effect(effect_id, attempt, StepStatus.CONFIRMED, now))
+            batch.event(
+                "local_commit",
+                now,
+                step_id=self.step_id,
+                effect_id=effect_id,
+                tool=self.tool.ref,
+                request_digest=self.request_digest,
+                response_digest=digests.digest(output),
+            )
+            self._local_step = step
+            return batch
+
+        return finish
+
+    def _local_effect(
+        self,
+        effect_id: str,
+        attempt: records.AttemptRecord,
         status: StepStatus,
         now: float,
-        *,
-        output: Any = None,
-        error: dict[str, Any] | None = None,
-    ) -> records.StepRecord:
-        st = self.state
-        if existing is not None:
-            return dataclasses.replace(
-                existing, status=status, output=output, error=error, updated_at=now
-            )
-        st.seq += 1
-        return records.StepRecord(
+    ) -> records.EffectRecord:
+        confirmed = status is StepStatus.CONFIRMED
+        return records.EffectRecord(
+            effect_id=effect_id,
+            tenant=self.state.run.tenant,
             run_id=self.run_id,
             step_id=self.step_id,
-            seq=st.seq,
-            step_revision=1,
             tool=self.tool.ref,
-            effect_class=self.contract.effect.value,
-            logical_operation_id=None,
+            tool_call_id=attempt.attempt_id,
+            logical_operation_id=f"{self.run_id}/{self.step_id}",
             idempotency_key=None,
             request_digest=self.request_digest,
+            response_digest=None,
             status=status,
-            completion_state=None,
-            external_system=self.contract.external_system if self.contract.effect.writes else None,
+            external_system="ledger",
             external_effect_id=None,
-            output=output,
-            error=error,
-            effect_id=None,
-            confirmed_at=None,
-            next_step=None,
+            committed_at=now if confirmed else None,
+            approval_id=None,
             compensation_status=outcomes.compensation_status(self.tool),
-            next_action=NextAction.EXECUTE,
+            compensates=None,
+            evidence={"transaction": "committed" if confirmed else "rolled_back"},
+            resolved_by=None,
+            next_action=NextAction.NONE if confirmed else NextAction.EXECUTE,
+            version=1,
             created_at=now,
             updated_at=now,
         )
-
-    def _recordable(self, value: Any) -> Any:
-        try:
-            return digests.to_jsonable(value, path=f"{self.step_id}.result")
-        except errors.ArgumentError as exc:
-            raise errors.ArgumentError(
-                f"{exc.message}; tool results are recorded and replayed, so they must be JSON-like",
-                run_id=self.run_id,
-                step_id=self.step_id,
-            ) from None

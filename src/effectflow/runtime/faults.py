@@ -29,6 +29,8 @@ class FaultPoint(enum.StrEnum):
     AFTER_LOOKUP_BEFORE_RECORD = "after_lookup_before_record"
     #: A pure/read step's result is computed but not yet durable.
     AFTER_PURE_RESULT = "after_pure_result"
+    #: A local_transaction tool wrote inside the ledger's transaction, which has not committed.
+    IN_LOCAL_TRANSACTION = "in_local_transaction"
 
 
 class FaultAction(enum.StrEnum):

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import uuid
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from typing import Any
 
 from effectflow.contracts.tool import Tool
@@ -39,7 +39,19 @@ class Sleep:
     seconds: float
 
 
-Request = Commit | Invoke | Sleep
+@dataclasses.dataclass
+class InTransaction:
+    """Call a ``local_transaction`` tool inside the ledger transaction that commits ``finish``'s
+    batch: its writes and the step checkpoint commit together or not at all."""
+
+    tool: Tool[..., Any]
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    #: Builds the checkpoint batch from the tool's return value (inside the transaction).
+    finish: Callable[[Any], Batch]
+
+
+Request = Commit | Invoke | Sleep | InTransaction
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,6 +73,24 @@ class Suspend(BaseException):
         super().__init__(reason)
         self.step_id = step_id
         self.reason = reason
+
+
+class Restart(BaseException):
+    """Unwinds the workflow so it runs again from the top (after a conflict reset its observation
+    step): the workflow then computes its precondition from the new observation."""
+
+    def __init__(self, step_id: str, reason: str) -> None:
+        super().__init__(reason)
+        self.step_id = step_id
+        self.reason = reason
+
+
+class Stop(BaseException):
+    """Unwinds the workflow at a step boundary because an operator asked to cancel or compensate."""
+
+    def __init__(self, control: dict[str, Any]) -> None:
+        super().__init__(control.get("kind", "stop"))
+        self.control = control
 
 
 def new_id(prefix: str) -> str:

@@ -20,6 +20,7 @@ from effectflow import digests, errors
 from effectflow.contracts import registry as registry_module
 from effectflow.contracts.workflow import Workflow
 from effectflow.ledger import records
+from effectflow.ledger.local import LocalTransaction
 from effectflow.ledger.records import NextAction, RunStatus, StepStatus
 from effectflow.ledger.store import AuditProblem, Batch, DecisionRecord, LedgerStore, open_store
 from effectflow.runtime import context, outcomes, requests
@@ -531,7 +532,29 @@ class Runtime:
     def commit(self, state: state_mod.RunState, batch: Batch) -> None:
         """Make a batch durable under the run's lease (the drivers call this)."""
         batch.lease_token = state.run.lease_token
-        self.store.apply(batch, lease_ttl=self.lease_ttl, now=self.clock())
+        control = self.store.apply(batch, lease_ttl=self.lease_ttl, now=self.clock())
+        if control is not None:
+            state.control = control
+
+    def commit_with(
+        self,
+        state: state_mod.RunState,
+        work: Callable[[LocalTransaction], Any],
+        finish: Callable[[Any], Batch],
+    ) -> Any:
+        """Run a local_transaction tool's ``work`` and commit ``finish(result)`` with it."""
+
+        def fenced(value: Any) -> Batch:
+            batch = finish(value)
+            batch.lease_token = state.run.lease_token
+            return batch
+
+        value, control = self.store.apply_with(
+            work, fenced, lease_ttl=self.lease_ttl, now=self.clock()
+        )
+        if control is not None:
+            state.control = control
+        return value
 
     def _prepare(self, run: records.RunRecord, workflow: Workflow[..., Any]) -> state_mod.RunState:
         claimed = self._claim(run)

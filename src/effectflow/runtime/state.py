@@ -39,6 +39,8 @@ class RunState:
         #: Writes that need no commit of their own (pure/read results): they ride with the next one.
         self.pending = Batch(run.run_id, run.lease_token)
         self._attempts: dict[str, list[records.AttemptRecord]] = {}
+        #: An operator's cancel/compensate request, learnt from the ledger with each write.
+        self.control: dict[str, Any] | None = run.control
 
     @property
     def now(self) -> Callable[[], float]:
@@ -49,6 +51,11 @@ class RunState:
         """A batch carrying every deferred write, fenced by this run's lease."""
         batch, self.pending = self.pending, Batch(self.run.run_id, self.run.lease_token)
         return batch
+
+    def restart(self) -> None:
+        """Forget what the last pass of the workflow reached, to run it again from the top."""
+        self.seen.clear()
+        self.last_step = None
 
     def attempts(self, step_id: str) -> list[records.AttemptRecord]:
         """The step's attempts (loaded once from the ledger, then kept current here)."""

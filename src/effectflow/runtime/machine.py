@@ -1,0 +1,318 @@
+"""What every step machine shares: the records it builds and the facts it hands the decision table.
+
+Split from ``engine`` so the write path reads top to bottom there, and the settling paths (lookup,
+completion polling, approvals, asking a person) live in ``settle``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+from effectflow import digests, errors
+from effectflow.contracts.tool import EffectClass, Tool, ToolContract
+from effectflow.contracts.workflow import StepContract
+from effectflow.ledger import records
+from effectflow.ledger.records import NextAction, Outcome, StepStatus
+from effectflow.policies import decision
+from effectflow.policies.decision import Situation
+from effectflow.runtime import outcomes, requests
+from effectflow.runtime import state as state_mod
+
+
+class MachineBase:
+    """State and helpers of one ``ctx.call`` (or one compensation) on its way to a decided outcome."""
+
+    state: state_mod.RunState
+    step_id: str
+    tool: Tool[..., Any]
+    contract: ToolContract
+    step_contract: StepContract | None
+    run_id: str
+    effect: records.EffectRecord | None
+    key: str
+    request_digest: str
+    #: For a compensation: the effect it answers.
+    compensates: records.EffectRecord | None
+
+    def _confirm(
+        self,
+        step: records.StepRecord,
+        effect: records.EffectRecord,
+        output: Any,
+        now: float,
+        *,
+        state: str | None = None,
+    ) -> tuple[records.StepRecord, records.EffectRecord]:
+        ext_id = effect.external_effect_id
+        if self.contract.effect_id and isinstance(output, Mapping):
+            found = output.get(self.contract.effect_id)
+            if found is not None:
+                ext_id = str(found)
+        completion = self.contract.completion
+        completion_state = state
+        if completion_state is None and isinstance(output, Mapping):
+            reported = output.get("status", output.get("state"))
+            if completion is not None and reported in completion.states:
+                completion_state = str(reported)
+        if completion_state is None and completion is not None:
+            completion_state = completion.states[0]
+        effect = dataclasses.replace(
+            effect,
+            external_effect_id=ext_id,
+            committed_at=effect.committed_at or now,
+        )
+        step = dataclasses.replace(
+            step,
+            output=output,
+            external_effect_id=ext_id,
+            completion_state=completion_state,
+            error=None,
+        )
+        if self._below_required(step):
+            # Accepted, but the contract requires a later state: the effect exists, the step is not
+            # complete until the provider reports the required state (or a person decides).
+            step = dataclasses.replace(
+                step, status=StepStatus.AWAITING_COMPLETION, next_action=NextAction.WAIT
+            )
+            effect = dataclasses.replace(
+                effect, status=StepStatus.AWAITING_COMPLETION, next_action=NextAction.WAIT
+            )
+            return step, effect
+        step = dataclasses.replace(
+            step,
+            status=StepStatus.CONFIRMED,
+            confirmed_at=now,
+            next_action=NextAction.USE_RESULT,
+        )
+        effect = dataclasses.replace(
+            effect, status=StepStatus.CONFIRMED, next_action=NextAction.NONE
+        )
+        return step, effect
+
+    def _below_required(self, step: records.StepRecord) -> bool:
+        """Whether the step's recorded completion state is earlier than the one it requires."""
+        completion = self.contract.completion
+        required = step.required_state
+        if completion is None or required is None or step.completion_state is None:
+            return False
+        states = list(completion.states)
+        if step.completion_state not in states or required not in states:
+            return False
+        return states.index(step.completion_state) < states.index(required)
+
+    def _required_state(self) -> str | None:
+        """The completion state this step requires, from its contracts (fixed at the intent)."""
+        completion = self.contract.completion
+        if completion is None:
+            return None
+        sc = self.step_contract
+        required = sc.required_state if sc is not None and sc.required_state else None
+        required = required or completion.required
+        if required not in completion.states:
+            raise errors.ContractError(
+                f"step {self.step_id}: required state {required!r} is not one of "
+                f"{self.tool.ref}'s completion states {list(completion.states)}",
+                run_id=self.run_id,
+                step_id=self.step_id,
+            )
+        return required
+
+    def _effect(self, step: records.StepRecord) -> records.EffectRecord:
+        cached = self.effect
+        if cached is not None and cached.effect_id == step.effect_id:
+            return cached
+        assert step.effect_id is not None
+        found = self.state.runtime.store.get_effect(step.effect_id)
+        if found is None:  # pragma: no cover - the ledger wrote both in one transaction
+            raise errors.EffectNotFound(
+                f"effect {step.effect_id} of step {self.step_id} is missing from the ledger",
+                run_id=self.run_id,
+                step_id=self.step_id,
+                effect_id=step.effect_id,
+            )
+        return found
+
+    def _new_attempt(self, kind: records.AttemptKind, now: float) -> records.AttemptRecord:
+        known = self.state.attempts(self.step_id)
+        return records.AttemptRecord(
+            attempt_id=requests.new_id("att"),
+            run_id=self.run_id,
+            step_id=self.step_id,
+            number=len(known) + 1,
+            kind=kind,
+            generation=self.state.run.generation,
+            started_at=now,
+            ended_at=None,
+            outcome=None,
+            error=None,
+            response_digest=None,
+        )
+
+    def _count(self, kind: records.AttemptKind) -> int:
+        """Attempts of ``kind`` in this generation and step revision (budgets count per both)."""
+        generation = self.state.run.generation
+        step = self.state.steps.get(self.step_id)
+        since = step.created_at if step is not None else 0.0
+        return sum(
+            1
+            for a in self.state.attempts(self.step_id)
+            if a.kind is kind and a.generation == generation and a.started_at >= since
+        )
+
+    def _earlier_call_in_doubt(self, current: records.AttemptRecord) -> bool:
+        """Whether an earlier call may have committed, with no lookup or person answering it since."""
+        in_doubt = False
+        for attempt in self.state.attempts(self.step_id):
+            if attempt.attempt_id == current.attempt_id:
+                continue
+            if attempt.kind is records.AttemptKind.CALL:
+                in_doubt = in_doubt or attempt.outcome in (Outcome.UNKNOWN, None)
+            elif attempt.outcome is Outcome.NOT_COMMITTED:
+                in_doubt = False
+        return in_doubt
+
+    def _facts(self, step: records.StepRecord) -> decision.Facts:
+        contract = self.contract
+        sc = self.step_contract
+        if contract.idempotency.supported:
+            # Key-based dedup: only while the provider still remembers the key (its retention);
+            # past it a retry could duplicate.
+            age = self.state.now() - step.created_at
+            idempotent = self.tool.takes_key and age < contract.idempotency.retention_seconds
+        else:
+            # Natural dedup (an upsert by a natural id, a PUT of the whole state).
+            idempotent = contract.effect is EffectClass.IDEMPOTENT_WRITE
+        kwargs: dict[str, Any] = {}
+        if sc is not None:
+            kwargs["when_unknown"] = sc.when_unknown
+            kwargs["when_not_committed"] = sc.when_not_committed
+        return decision.Facts(
+            effect=contract.effect,
+            idempotent=idempotent,
+            has_lookup=contract.confirm is not None,
+            commit=contract.commit,
+            attempts_used=self._count(records.AttemptKind.CALL),
+            max_attempts=contract.retry.max_attempts,
+            lookups_used=self._count(records.AttemptKind.LOOKUP),
+            max_lookups=contract.retry.max_lookups,
+            has_compensation=contract.compensation is not None,
+            deadline_passed=self._completion_deadline_passed(step),
+            **kwargs,
+        )
+
+    def _completion_deadline_passed(self, step: records.StepRecord) -> bool:
+        completion = self.contract.completion
+        if completion is None or step.status is not StepStatus.AWAITING_COMPLETION:
+            return False
+        accepted = self._effect(step).committed_at or step.updated_at
+        return self.state.now() >= accepted + completion.deadline_seconds
+
+    def _situation_of(self, step: records.StepRecord) -> Situation:
+        status = step.status
+        if status in records.IN_DOUBT_STATUSES:
+            return Situation.IN_DOUBT
+        if status in (StepStatus.NOT_COMMITTED, StepStatus.FAILED, StepStatus.PENDING):
+            return Situation.NOT_COMMITTED
+        if status is StepStatus.REJECTED:
+            return Situation.REJECTED
+        if status is StepStatus.CONFLICT:
+            return Situation.CONFLICT
+        if status is StepStatus.AWAITING_COMPLETION:
+            return Situation.BELOW_REQUIRED_STATE
+        raise errors.StepFailed(
+            f"step {self.step_id} is {status}; this version cannot continue it",
+            run_id=self.run_id,
+            step_id=self.step_id,
+        )
+
+    def _close_orphan_attempts(self, step: records.StepRecord) -> None:
+        """Attempts a crashed process left open are unknown: say so (rides with the next commit)."""
+        st = self.state
+        now = st.now()
+        for attempt in st.attempts(self.step_id):
+            if attempt.outcome is None:
+                closed = outcomes.lost_in_flight(attempt, now)
+                st.pending.attempt(closed)
+                st.note_attempt(closed)
+                st.pending.event(
+                    "recovered_in_doubt",
+                    now,
+                    step_id=self.step_id,
+                    effect_id=step.effect_id,
+                    attempt=attempt.number,
+                )
+        st.link_previous(self.step_id, st.pending)
+
+    def _step_record(
+        self,
+        existing: records.StepRecord | None,
+        status: StepStatus,
+        now: float,
+        *,
+        output: Any = None,
+        error: dict[str, Any] | None = None,
+        revision: int = 1,
+    ) -> records.StepRecord:
+        st = self.state
+        if existing is not None:
+            return dataclasses.replace(
+                existing, status=status, output=output, error=error, updated_at=now
+            )
+        previous = st.steps.get(self.step_id)
+        if previous is not None:  # a new revision of a step keeps its place in the run
+            return dataclasses.replace(
+                previous,
+                step_revision=revision,
+                logical_operation_id=None,
+                idempotency_key=None,
+                request_digest=self.request_digest,
+                status=status,
+                completion_state=None,
+                external_effect_id=None,
+                output=output,
+                error=error,
+                effect_id=None,
+                confirmed_at=None,
+                next_action=NextAction.EXECUTE,
+                created_at=now,
+                updated_at=now,
+                approval_id=None,
+            )
+        st.seq += 1
+        return records.StepRecord(
+            run_id=self.run_id,
+            step_id=self.step_id,
+            seq=st.seq,
+            step_revision=revision,
+            tool=self.tool.ref,
+            effect_class=self.contract.effect.value,
+            logical_operation_id=None,
+            idempotency_key=None,
+            request_digest=self.request_digest,
+            status=status,
+            completion_state=None,
+            external_system=self.contract.external_system if self.contract.effect.writes else None,
+            external_effect_id=None,
+            output=output,
+            error=error,
+            effect_id=None,
+            confirmed_at=None,
+            next_step=None,
+            compensation_status=outcomes.compensation_status(self.tool),
+            next_action=NextAction.EXECUTE,
+            created_at=now,
+            updated_at=now,
+            compensates=None if self.compensates is None else self.compensates.effect_id,
+        )
+
+    def _recordable(self, value: Any) -> Any:
+        try:
+            return digests.to_jsonable(value, path=f"{self.step_id}.result")
+        except errors.ArgumentError as exc:
+            raise errors.ArgumentError(
+                f"{exc.message}; tool results are recorded and replayed, so they must be JSON-like",
+                run_id=self.run_id,
+                step_id=self.step_id,
+            ) from None
