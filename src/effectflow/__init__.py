@@ -5,6 +5,7 @@ The public API is re-exported here; everything else lives in subpackages.
 
 from effectflow.contracts.loader import ContractSet, load_contracts, parse_contracts
 from effectflow.contracts.lookup import Lookup, LookupStatus
+from effectflow.contracts.precondition import Expect
 from effectflow.contracts.tool import (
     CommitSemantics,
     Compensation,
@@ -43,10 +44,13 @@ from effectflow.errors import (
     StepFailed,
     StepRejected,
 )
+from effectflow.ledger.local import LocalTransaction
 from effectflow.ledger.records import (
+    ApprovalRecord,
     AttemptRecord,
     AuditEvent,
     EffectRecord,
+    Inventory,
     NextAction,
     RunRecord,
     RunStatus,
@@ -62,6 +66,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "AbandonGoal",
+    "ApprovalRecord",
     "ArgumentError",
     "AsyncContext",
     "AttemptRecord",
@@ -78,9 +83,12 @@ __all__ = [
     "EffectNotFound",
     "EffectRecord",
     "EffectflowError",
+    "Expect",
     "Idempotency",
     "IdempotencyConflict",
+    "Inventory",
     "LeaseLost",
+    "LocalTransaction",
     "Lookup",
     "LookupStatus",
     "NextAction",

@@ -478,7 +478,7 @@ class SQLiteStore:
     def runs_to_recover(self, *, now: float, limit: int = 100) -> list[records.RunRecord]:
         """Running runs with no live lease."""
         rows = self._all(
-            "SELECT * FROM runs WHERE status = 'running' "
+            "SELECT * FROM runs WHERE status IN ('running', 'cancelling') "
             "AND (lease_expires_at IS NULL OR lease_expires_at < ?) ORDER BY created_at LIMIT ?",
             (now, limit),
         )
@@ -487,7 +487,8 @@ class SQLiteStore:
     def leased_running_runs(self, *, limit: int = 1000) -> list[records.RunRecord]:
         """Running runs that still hold a lease (the runtime checks whether the holder lives)."""
         rows = self._all(
-            "SELECT * FROM runs WHERE status = 'running' AND lease_expires_at IS NOT NULL "
+            "SELECT * FROM runs WHERE status IN ('running', 'cancelling') "
+            "AND lease_expires_at IS NOT NULL "
             "ORDER BY created_at LIMIT ?",
             (limit,),
         )

@@ -105,7 +105,7 @@ class Context(_Base):
         /,
         *args: Any,
         operation_id: str | None = None,
-        target: str | None = None,
+        key_target: str | None = None,
         observe: str | None = None,
         **kwargs: Any,
     ) -> Any:
@@ -115,8 +115,8 @@ class Context(_Base):
             step_id: stable id of the step within the workflow.
             tool: a tool declared with ``@ef.tool``.
             operation_id: the logical operation (``op_case_92_email``); defaults to run + step.
-            target: the resource the call acts on, part of the key (defaults to the contract's
-                ``target`` argument).
+            key_target: the resource the call acts on, part of the key (defaults to the value of
+                the argument the contract names as ``target``).
             observe: the read step this write's ``precondition=ef.Expect(...)`` came from; on a
                 conflict the run re-runs it and tries again with the new observation.
         """
@@ -127,7 +127,7 @@ class Context(_Base):
             args,
             kwargs,
             operation_id=operation_id,
-            target=target,
+            target=key_target,
             observe=observe,
         )
         return drive(self._state, machine.run())
@@ -143,7 +143,7 @@ class AsyncContext(_Base):
         /,
         *args: Any,
         operation_id: str | None = None,
-        target: str | None = None,
+        key_target: str | None = None,
         observe: str | None = None,
         **kwargs: Any,
     ) -> Any:
@@ -155,7 +155,7 @@ class AsyncContext(_Base):
             args,
             kwargs,
             operation_id=operation_id,
-            target=target,
+            target=key_target,
             observe=observe,
         )
         gen = machine.run()

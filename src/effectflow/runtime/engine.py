@@ -21,6 +21,7 @@ from collections.abc import Callable, Generator, Mapping
 from typing import Any
 
 from effectflow import digests, errors
+from effectflow.contracts.registry import Registry
 from effectflow.contracts.tool import CommitSemantics, EffectClass, Tool
 from effectflow.contracts.workflow import StepContract
 from effectflow.ledger import records
@@ -76,6 +77,22 @@ class StepMachine(SettleMixin):
         self.observe = observe
         self.compensates = compensates
         self.revision = 1
+
+    @classmethod
+    def for_recorded(
+        cls, state: state_mod.RunState, step: records.StepRecord, registry: Registry
+    ) -> StepMachine | None:
+        """A machine for a recorded step, to settle it (lookup) without its call's arguments."""
+        try:
+            tool = registry.tool(step.tool)
+        except errors.ContractError:
+            return None
+        machine = cls(
+            state, step.step_id, tool, (), {}, operation_id=step.logical_operation_id, target=None
+        )
+        machine.key = step.idempotency_key or ""
+        machine.request_digest = step.request_digest
+        return machine
 
     def run(self) -> requests.Machine:
         """Drive the step to a value for the workflow (or raise what the workflow should see)."""

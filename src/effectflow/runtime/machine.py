@@ -243,7 +243,6 @@ class MachineBase:
                     effect_id=step.effect_id,
                     attempt=attempt.number,
                 )
-        st.link_previous(self.step_id, st.pending)
 
     def _step_record(
         self,

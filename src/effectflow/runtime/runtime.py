@@ -23,7 +23,7 @@ from effectflow.ledger import records
 from effectflow.ledger.local import LocalTransaction
 from effectflow.ledger.records import NextAction, RunStatus, StepStatus
 from effectflow.ledger.store import AuditProblem, Batch, DecisionRecord, LedgerStore, open_store
-from effectflow.runtime import context, outcomes, requests
+from effectflow.runtime import context, ending, outcomes, requests
 from effectflow.runtime import state as state_mod
 from effectflow.runtime.faults import NO_FAULTS, FaultPlan
 
@@ -64,6 +64,12 @@ def _pid_is_running(pid: int) -> bool:
             return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return True
+
+
+def _awaits_approval(step: records.StepRecord) -> bool:
+    return (
+        step.status is StepStatus.PENDING and (step.error or {}).get("code") == "approval_required"
+    )
 
 
 class Runtime:
@@ -146,8 +152,13 @@ class Runtime:
         generation, which gives its retry and lookup budgets a fresh start.
         """
         run = self._require_run(run_id)
-        if run.status is RunStatus.SUCCEEDED or (
-            run.status.terminal and run.status is not RunStatus.FAILED
+        ending_open = run.control is not None and (
+            not run.status.terminal
+            or run.next_action in (NextAction.ASK_A_PERSON, NextAction.RECONCILE)
+        )
+        if not ending_open and (
+            run.status is RunStatus.SUCCEEDED
+            or (run.status.terminal and run.status is not RunStatus.FAILED)
         ):
             return run
         workflow = self.registry.workflow(run.workflow)
@@ -185,7 +196,11 @@ class Runtime:
         key the provider honours) are left for a person; the result lists every run touched.
         """
         touched = []
-        paused = self.store.list_runs(tenant=self.tenant, statuses=[RunStatus.PAUSED], limit=limit)
+        paused = self.store.list_runs(
+            tenant=self.tenant,
+            statuses=[RunStatus.PAUSED, RunStatus.CANCELLED_PENDING_RECONCILIATION],
+            limit=limit,
+        )
         for run in paused:
             doubtful = [
                 s for s in self.store.steps(run.run_id) if s.status in records.IN_DOUBT_STATUSES
@@ -204,6 +219,178 @@ class Runtime:
         except errors.ContractError:
             return False
         return contract.confirm is not None or contract.idempotency.supported
+
+    # -- stopping runs ----------------------------------------------------------------------------
+
+    def cancel(
+        self, run_id: str, *, reason: str | None = None, by: str = "operator"
+    ) -> records.Inventory:
+        """Cancel a run (DESIGN §5) and return what it left in the world.
+
+        Steps not started do not start; a call in progress at the provider is stopped where its tool
+        declares a cancel operation, else it lands and is classified; confirmed effects are never
+        marked undone; unknown effects are looked up once and otherwise queued for reconciliation;
+        then compensations run for steps whose trigger includes ``cancelled``. The run ends
+        ``cancelled`` (no effects), ``cancelled_with_effects`` or
+        ``cancelled_pending_reconciliation`` (moved on by ``rt.reconcile`` once the unknowns
+        settle). A run another live worker holds gets the request and stops at its next step
+        boundary; the inventory then lists its call in flight and the run is ``cancelling``.
+        """
+        run = self._require_run(run_id)
+        if run.status.terminal or (
+            run.control is not None
+            and run.control.get("kind") == ending.CANCEL
+            and run.status is not RunStatus.CANCELLED_PENDING_RECONCILIATION
+            and not self._held_elsewhere(run)
+            and run.status is not RunStatus.RUNNING
+        ):
+            return ending.inventory(self, run)
+        control = {"kind": ending.CANCEL, "reason": reason, "by": by, "at": self.clock()}
+        if self._held_elsewhere(run):
+            self._request(run, control, RunStatus.CANCELLING)
+            flying = frozenset(
+                s.effect_id
+                for s in self.store.steps(run_id)
+                if s.status is StepStatus.INTENT_RECORDED and s.effect_id is not None
+            )
+            return ending.inventory(self, self._require_run(run_id), in_flight=flying)
+        finished = self._stop(run, control, RunStatus.CANCELLING)
+        return ending.inventory(self, finished)
+
+    def compensate(self, run_id: str, *, reason: str, by: str = "operator") -> records.RunRecord:
+        """The business goal of a run is abandoned: run the compensation policy on its effects.
+
+        Each confirmed effect whose tool names a compensation and whose step's trigger includes
+        ``goal_abandoned`` gets a compensation effect (newest first), with an approval where the
+        contract or money requires one; irreversible effects stay confirmed. Never call this for a
+        technical failure: failed runs keep their effects as facts.
+        """
+        if not reason:
+            raise errors.ArgumentError("compensate needs a reason: the business condition")
+        run = self._require_run(run_id)
+        if run.status is RunStatus.COMPENSATED:
+            return run
+        control = {"kind": ending.COMPENSATE, "reason": reason, "by": by, "at": self.clock()}
+        if self._held_elsewhere(run):
+            self._request(run, control, None)
+            return self._require_run(run_id)
+        return self._stop(run, control, None)
+
+    def approve(
+        self,
+        run_id: str,
+        step_id: str,
+        *,
+        approver: str,
+        approval_id: str,
+        note: str | None = None,
+    ) -> records.RunRecord:
+        """A person approves a step waiting for approval (a financial write, a compensation); the
+        run then continues in this process. The approval id is recorded on the effect.
+
+        Raises:
+            errors.StaleState: the step is not waiting for an approval.
+            errors.IdempotencyConflict: ``approval_id`` was already used for something else.
+        """
+        if not approver or not approval_id:
+            raise errors.ArgumentError("approve needs approver= and approval_id=")
+        run = self._require_run(run_id)
+        step = next((s for s in self.store.steps(run_id) if s.step_id == step_id), None)
+        used = self.store.get_approval(approval_id)
+        if used is not None:
+            same = (used.tenant, used.run_id, used.step_id, used.approver) == (
+                self.tenant,
+                run_id,
+                step_id,
+                approver,
+            )
+            if not same or step is None or used.request_digest != step.request_digest:
+                raise errors.IdempotencyConflict(
+                    f"approval {approval_id} was already given for another step or request",
+                    run_id=run_id,
+                    step_id=step_id,
+                )
+            return run
+        if step is None or not _awaits_approval(step):
+            raise errors.StaleState(
+                f"step {step_id} of run {run_id} is not waiting for an approval"
+                + ("" if step is None else f" (it is {step.status})"),
+                run_id=run_id,
+                step_id=step_id,
+            )
+        now = self.clock()
+        batch = Batch(run_id, lease_token=None)
+        batch.run_changes.update(
+            lease_token=run.lease_token + 1, lease_owner=None, lease_expires_at=None
+        )
+        batch.approvals.append(
+            records.ApprovalRecord(
+                approval_id=approval_id,
+                tenant=self.tenant,
+                run_id=run_id,
+                step_id=step_id,
+                request_digest=step.request_digest,
+                approver=approver,
+                note=note,
+                approved_at=now,
+            )
+        )
+        batch.event(
+            "approved",
+            now,
+            step_id=step_id,
+            actor=approver,
+            approval_id=approval_id,
+            request_digest=step.request_digest,
+            note=note,
+        )
+        self.store.apply(batch, lease_ttl=self.lease_ttl, now=now)
+        return self.resume(run_id, by=approver)
+
+    def _held_elsewhere(self, run: records.RunRecord) -> bool:
+        """Whether a live worker (another process, or another thread here) executes the run."""
+        return (
+            run.status in (RunStatus.RUNNING, RunStatus.CANCELLING)
+            and run.lease_owner is not None
+            and (run.lease_expires_at or 0) > self.clock()
+            and _owner_alive(run.lease_owner)
+        )
+
+    def _request(
+        self, run: records.RunRecord, control: dict[str, Any], status: RunStatus | None
+    ) -> None:
+        """Leave a control request for the worker holding the run (it reads it with its next write)."""
+        batch = Batch(run.run_id, lease_token=None)
+        batch.run_changes.update(control=control)
+        if status is not None:
+            batch.run_changes.update(status=status)
+        batch.event(
+            f"{control['kind']}_requested",
+            self.clock(),
+            actor=control["by"],
+            reason=control.get("reason"),
+        )
+        self.store.apply(batch, lease_ttl=self.lease_ttl, now=self.clock())
+
+    def _stop(
+        self, run: records.RunRecord, control: dict[str, Any], status: RunStatus | None
+    ) -> records.RunRecord:
+        """Take the run and apply the control here and now."""
+        workflow = self.registry.workflow(run.workflow)
+        state = self._prepare(run, workflow)
+        batch = state.batch()
+        batch.run_changes.update(control=control, error=None)
+        if status is not None:
+            batch.run_changes.update(status=status)
+        batch.event(
+            f"{control['kind']}_requested",
+            self.clock(),
+            actor=control["by"],
+            reason=control.get("reason"),
+        )
+        self.commit(state, batch)
+        state.control = control
+        return ending.finish(self, state)
 
     # -- a person's decisions -------------------------------------------------------------------
 
@@ -565,34 +752,74 @@ class Runtime:
     def _drive(self, run: records.RunRecord, workflow: Workflow[..., Any]) -> records.RunRecord:
         if workflow.is_async:
             return asyncio.run(self._drive_async(run, workflow))
-        state = self._prepare(run, workflow)
-        ctx = context.Context(state)
-        try:
-            output = workflow.fn(ctx, **run.input)
-        except requests.Suspend:
-            return self._require_run(run.run_id)
-        except errors.LeaseLost:
-            raise
-        except Exception as exc:
-            return self._finish_failed(state, exc)
-        return self._finish_ok(state, output)
+        return self._execute(self._prepare(run, workflow), workflow)
+
+    def _execute(
+        self, state: state_mod.RunState, workflow: Workflow[..., Any]
+    ) -> records.RunRecord:
+        """Run the workflow from the top until it ends, pauses, or is stopped by a control."""
+        while True:
+            if state.control is not None:
+                return ending.finish(self, state)
+            try:
+                output = workflow.fn(context.Context(state), **state.run.input)
+            except requests.Restart:
+                state.restart()
+                continue
+            except requests.Stop:
+                continue
+            except requests.Suspend:
+                return self._require_run(state.run.run_id)
+            except errors.LeaseLost:
+                raise
+            except errors.AbandonGoal as exc:
+                self._abandon(state, exc)
+                continue
+            except Exception as exc:
+                return self._finish_failed(state, exc)
+            if state.stop_requested():
+                continue  # a cancel arrived with the last step's write: honour it
+            return self._finish_ok(state, output)
+
+    def _abandon(self, state: state_mod.RunState, exc: errors.AbandonGoal) -> None:
+        """The workflow gave its goal up: record that, so a crash from here on compensates rather
+        than re-running the workflow."""
+        now = self.clock()
+        control = {"kind": ending.COMPENSATE, "reason": str(exc), "by": "workflow", "at": now}
+        batch = state.batch()
+        batch.run_changes.update(control=control)
+        batch.event("goal_abandoned", now, reason=str(exc))
+        self.commit(state, batch)
+        state.control = control
 
     async def _drive_async(
         self, run: records.RunRecord, workflow: Workflow[..., Any]
     ) -> records.RunRecord:
         state = self._prepare(run, workflow)
-        try:
-            if workflow.is_async:
+        if not workflow.is_async:
+            return await asyncio.to_thread(self._execute, state, workflow)
+        while True:
+            if state.control is not None:
+                return await asyncio.to_thread(ending.finish, self, state)
+            try:
                 output = await workflow.fn(context.AsyncContext(state), **run.input)
-            else:
-                output = await asyncio.to_thread(workflow.fn, context.Context(state), **run.input)
-        except requests.Suspend:
-            return self._require_run(run.run_id)
-        except errors.LeaseLost:
-            raise
-        except Exception as exc:
-            return self._finish_failed(state, exc)
-        return self._finish_ok(state, output)
+            except requests.Restart:
+                state.restart()
+                continue
+            except requests.Stop:
+                continue
+            except requests.Suspend:
+                return self._require_run(run.run_id)
+            except errors.LeaseLost:
+                raise
+            except errors.AbandonGoal as exc:
+                self._abandon(state, exc)
+                continue
+            except Exception as exc:
+                return self._finish_failed(state, exc)
+            if state.stop_requested():
+                continue
+            return self._finish_ok(state, output)
 
     def _finish_ok(self, state: state_mod.RunState, output: Any) -> records.RunRecord:
         try:

@@ -52,6 +52,10 @@ class RunState:
         batch, self.pending = self.pending, Batch(self.run.run_id, self.run.lease_token)
         return batch
 
+    def stop_requested(self) -> bool:
+        """Whether a cancel or compensate request is pending (learnt with the last write)."""
+        return self.control is not None
+
     def restart(self) -> None:
         """Forget what the last pass of the workflow reached, to run it again from the top."""
         self.seen.clear()
