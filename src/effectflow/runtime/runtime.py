@@ -552,6 +552,9 @@ class Runtime:
             previous_status=effect.status.value,
         )
         self.store.apply(batch, lease_ttl=self.lease_ttl, now=now)
+        if run.control is not None and run.control.get("kind") == ending.CANCEL:
+            # A cancelled run waited only for this answer: give it its end state now.
+            self.resume(run.run_id, by=by)
         return new_effect
 
     def _effect_id_field(self, tool_ref: str) -> str | None:

@@ -1,0 +1,637 @@
+"""Approvals, compensation and cancel end to end (DESIGN §4 last rows, §5), against real providers.
+
+The providers keep their state in their own SQLite files: they are the truth of what happened in the
+world; the ledger is what the runtime knows. Each test reads both.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import effectflow as ef
+from effectflow.testing import (
+    Fault,
+    FaultAction,
+    FaultPlan,
+    FaultPoint,
+    InjectedCrash,
+    MailProvider,
+    PaymentsProvider,
+    ProviderError,
+    ProviderRejected,
+)
+
+FAST = ef.RetryPolicy(max_attempts=3, max_lookups=2, initial_backoff=0.001, max_backoff=0.005)
+S = ef.StepStatus
+R = ef.RunStatus
+
+
+class FakeClock:
+    """Moves only when told; starts at the real time so the providers' clocks agree with it."""
+
+    def __init__(self) -> None:
+        self.now = time.time()
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+class World:
+    """The outside world of this module: payments, mail, and an in-process job service."""
+
+    def __init__(self, tmp_path: Path, clock: FakeClock) -> None:
+        self.clock = clock
+        self.pay = PaymentsProvider(tmp_path / "pay.db", clock=clock)
+        self.mail = MailProvider(tmp_path / "mail.db", clock=clock, delivered_after=100.0)
+        #: Slots reserved (and released) at a reversible, non-financial provider, in call order.
+        self.slots: list[str] = []
+        self.released: list[str] = []
+        #: Jobs the job service accepted and the ones it was asked to stop.
+        self.jobs: dict[str, str] = {}
+        self.stopped_jobs: list[str] = []
+        #: Gate for a call that blocks until the test releases it (a call in flight).
+        self.gate = threading.Event()
+        self.entered = threading.Event()
+        #: While True, the email tool raises a plain error after the provider accepted the mail.
+        self.mail_reset_after_send = False
+
+    def close(self) -> None:
+        self.pay.close()
+        self.mail.close()
+
+
+_CURRENT: list[World] = []
+
+
+def world() -> World:
+    return _CURRENT[-1]
+
+
+def speak(call: Any) -> Any:
+    try:
+        return call()
+    except ProviderRejected as exc:
+        raise ef.Rejected(str(exc), evidence={"code": exc.code}) from exc
+    except ProviderError as exc:
+        raise ef.NotCommitted(str(exc)) from exc
+
+
+# -- tools ------------------------------------------------------------------------------------------
+
+
+@ef.tool("cc_get_refund", effect="read")
+def get_refund(
+    *, idempotency_key: str | None = None, external_effect_id: str | None = None
+) -> ef.Lookup:
+    found = world().pay.get_refund_by_idempotency_key(idempotency_key) if idempotency_key else None
+    if found is None:
+        return ef.Lookup.not_committed()
+    return ef.Lookup.confirmed(external_effect_id=found["refund_id"], result=found)
+
+
+@ef.tool(
+    "cc_cancel_refund",
+    effect="financial_write",
+    idempotency=ef.Idempotency(supported=True),
+    retry=FAST,
+)
+def cancel_refund(refund_id: str, *, idempotency_key: str) -> dict[str, Any]:
+    return speak(lambda: world().pay.cancel_refund(refund_id, idempotency_key=idempotency_key))
+
+
+@ef.tool(
+    "cc_create_refund",
+    version="3.1",
+    effect="financial_write",
+    idempotency=ef.Idempotency(supported=True),
+    confirm=get_refund,
+    effect_id="refund_id",
+    compensation=ef.Compensation(tool=cancel_refund, deadline="PT10M"),
+    retry=FAST,
+    target="payment_id",
+)
+def create_refund(payment_id: str, amount: int, *, idempotency_key: str) -> dict[str, Any]:
+    return speak(
+        lambda: world().pay.create_refund(payment_id, amount, idempotency_key=idempotency_key)
+    )
+
+
+@ef.tool(
+    "cc_email",
+    effect="external_write",
+    reversible=False,
+    idempotency=ef.Idempotency(supported=True),
+    effect_id="provider_message_id",
+    retry=FAST,
+)
+def email(to: str, body: str, *, idempotency_key: str) -> dict[str, Any]:
+    sent = speak(
+        lambda: world().mail.send(to, "Your refund", body, idempotency_key=idempotency_key)
+    )
+    if world().mail_reset_after_send:
+        raise ConnectionResetError("connection reset after sending")
+    return dict(sent)
+
+
+@ef.tool("cc_release_slot", effect="external_write", approval=False)
+def release_slot(slot_id: str) -> dict[str, Any]:
+    world().released.append(slot_id)
+    return {"released": slot_id}
+
+
+@ef.tool(
+    "cc_reserve_slot",
+    effect="external_write",
+    effect_id="slot_id",
+    compensation=ef.Compensation(tool=release_slot, automatic=True),
+)
+def reserve_slot(name: str) -> dict[str, Any]:
+    world().slots.append(name)
+    return {"slot_id": f"slot_{name}"}
+
+
+@ef.tool("cc_stop_job", effect="external_write")
+def stop_job(*, external_effect_id: str | None = None) -> dict[str, Any]:
+    assert external_effect_id is not None
+    world().stopped_jobs.append(external_effect_id)
+    world().jobs[external_effect_id] = "stopped"
+    return {"job": external_effect_id, "state": "stopped"}
+
+
+@ef.tool("cc_job_state", effect="read")
+def job_state(
+    *, idempotency_key: str | None = None, external_effect_id: str | None = None
+) -> ef.Lookup:
+    state = world().jobs.get(external_effect_id or "")
+    if state is None:
+        return ef.Lookup.not_committed()
+    return ef.Lookup.confirmed(external_effect_id=external_effect_id, state=state)
+
+
+@ef.tool(
+    "cc_start_job",
+    effect="external_write",
+    confirm=job_state,
+    effect_id="job_id",
+    completion=ef.Completion(states=["queued", "done"], required="done", deadline=3600),
+    cancel=stop_job,
+)
+def start_job(name: str) -> dict[str, Any]:
+    job_id = f"job_{name}"
+    world().jobs[job_id] = "queued"
+    return {"job_id": job_id, "state": "queued"}
+
+
+@ef.tool("cc_blocking", effect="external_write", effect_id="value")
+def blocking(value: str) -> dict[str, Any]:
+    world().entered.set()
+    assert world().gate.wait(10)
+    return {"value": value}
+
+
+@ef.tool("cc_compute", effect="pure")
+def compute(n: int) -> int:
+    if n < 0:
+        raise RuntimeError("the reporting service is down")
+    return n * 2
+
+
+# -- workflows --------------------------------------------------------------------------------------
+
+
+@ef.workflow("cc_refund")
+def refund_case(
+    ctx: ef.Context, payment_id: str, amount: int, then: str = "finish"
+) -> dict[str, Any]:
+    refund = ctx.call("create_refund", create_refund, payment_id=payment_id, amount=amount)
+    ctx.call(
+        "email", email, to="li@example.com", body=f"Refund {refund['refund_id']} is on its way"
+    )
+    if then == "crash":
+        ctx.call("report", compute, n=-1)  # a technical failure after two confirmed effects
+    if then == "abandon":
+        raise ef.AbandonGoal("the customer withdrew the complaint")
+    return dict(refund)
+
+
+@ef.workflow("cc_email_then_refund")
+def email_then_refund(ctx: ef.Context, payment_id: str) -> Any:
+    ctx.call("email", email, to="li@example.com", body="We will refund you")
+    return ctx.call("create_refund", create_refund, payment_id=payment_id, amount=100)
+
+
+@ef.workflow(
+    "cc_refund_cancel_compensates",
+    steps=[ef.StepContract("create_refund", compensation_trigger=("goal_abandoned", "cancelled"))],
+)
+def refund_cancel_compensates(ctx: ef.Context, payment_id: str) -> Any:
+    ctx.call("create_refund", create_refund, payment_id=payment_id, amount=300)
+    return ctx.call("second", create_refund, payment_id=f"{payment_id}_b", amount=5)
+
+
+@ef.workflow("cc_slots")
+def slots(ctx: ef.Context, names: list[str]) -> Any:
+    for name in names:
+        ctx.call(f"reserve_{name}", reserve_slot, name=name)
+    raise ef.AbandonGoal("the trip was called off")
+
+
+@ef.workflow("cc_email_only", steps=[ef.StepContract("email", compensation_trigger="never")])
+def email_only(ctx: ef.Context, abandon: bool) -> Any:
+    ctx.call("email", email, to="li@example.com", body="Hello")
+    if abandon:
+        raise ef.AbandonGoal("no longer needed")
+    return "sent"
+
+
+@ef.workflow("cc_job")
+def job(ctx: ef.Context, name: str) -> Any:
+    return ctx.call("job", start_job, name=name)
+
+
+@ef.workflow("cc_blocking_two")
+def blocking_two(ctx: ef.Context) -> Any:
+    ctx.call("a", blocking, value="a")
+    ctx.call("b", blocking, value="b")
+    return "done"
+
+
+# -- fixtures ---------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def w(tmp_path: Path, clock: FakeClock) -> Iterator[World]:
+    made = World(tmp_path, clock)
+    _CURRENT.append(made)
+    yield made
+    _CURRENT.remove(made)
+    made.close()
+
+
+@pytest.fixture
+def url(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path / 'ledger.db'}"
+
+
+@pytest.fixture
+def rt(url: str, w: World, clock: FakeClock) -> Iterator[ef.Runtime]:
+    with ef.Runtime(url, clock=clock) as runtime:
+        yield runtime
+
+
+def step(rt: ef.Runtime, run_id: str, step_id: str) -> ef.StepRecord:
+    return next(s for s in rt.steps(run_id) if s.step_id == step_id)
+
+
+def effect_of(rt: ef.Runtime, run_id: str, step_id: str) -> ef.EffectRecord:
+    found = step(rt, run_id, step_id)
+    assert found.effect_id is not None
+    return next(e for e in rt.effects(run_id=run_id) if e.effect_id == found.effect_id)
+
+
+def kinds(rt: ef.Runtime, run_id: str) -> list[str]:
+    return [e.kind for e in rt.audit(run_id)]
+
+
+def approved_refund(rt: ef.Runtime, run_id: str, then: str = "finish") -> ef.RunRecord:
+    run = rt.start(refund_case, run_id=run_id, payment_id="pay_1", amount=500, then=then)
+    assert run.status is R.PAUSED
+    return rt.approve(run_id, "create_refund", approver="ops-lead", approval_id=f"APR-{run_id}")
+
+
+# -- approvals --------------------------------------------------------------------------------------
+
+
+def test_financial_write_waits_for_an_approval_and_records_it(rt: ef.Runtime, w: World) -> None:
+    """A refund is not sent until a person approves it; the approval id is on the effect."""
+    run = rt.start(refund_case, run_id="r1", payment_id="pay_1", amount=500)
+    waiting = step(rt, "r1", "create_refund")
+    assert run.status is R.PAUSED
+    assert run.error is not None
+    assert run.error["code"] == "approval_required"
+    assert waiting.status is S.PENDING
+    assert waiting.next_action is ef.NextAction.ASK_A_PERSON
+    assert w.pay.refunds() == [], "nothing may be sent before the approval"
+
+    run = rt.approve("r1", "create_refund", approver="ops-lead", approval_id="APR-1")
+    assert run.status is R.SUCCEEDED
+    refund = effect_of(rt, "r1", "create_refund")
+    assert refund.approval_id == "APR-1"
+    assert step(rt, "r1", "create_refund").approval_id == "APR-1"
+    assert [r["refund_id"] for r in w.pay.refunds()] == [refund.external_effect_id]
+    assert "approved" in kinds(rt, "r1")
+
+
+def test_an_approval_is_pinned_to_its_step_and_cannot_be_replayed_elsewhere(
+    rt: ef.Runtime, w: World
+) -> None:
+    """The same approval again is a no-op; reusing its id elsewhere is refused; a step that does not
+    wait for an approval cannot be approved."""
+    approved_refund(rt, "r1")
+    again = rt.approve("r1", "create_refund", approver="ops-lead", approval_id="APR-r1")
+    assert again.status is R.SUCCEEDED
+    assert len(w.pay.refunds()) == 1
+    rt.start(refund_case, run_id="r2", payment_id="pay_2", amount=10)
+    with pytest.raises(ef.IdempotencyConflict):
+        rt.approve("r2", "create_refund", approver="ops-lead", approval_id="APR-r1")
+    with pytest.raises(ef.StaleState):
+        rt.approve("r2", "email", approver="ops-lead", approval_id="APR-x")
+    assert len(w.pay.refunds()) == 1
+
+
+# -- compensation -----------------------------------------------------------------------------------
+
+
+def test_abandoned_goal_compensates_as_a_new_effect_with_a_new_approval(
+    rt: ef.Runtime, w: World
+) -> None:
+    """Row "business goal abandoned; compensation tool": a cancel_refund effect with its own key,
+    attempts and audit events, after a second approval; the refund stays confirmed; the email,
+    which nothing can answer, stays a fact and the run ends cancelled_with_effects."""
+    run = approved_refund(rt, "r1", then="abandon")
+    assert run.status is R.PAUSED, "a financial compensation needs its own approval"
+    assert run.error is not None
+    assert run.error["step_id"] == "compensate:create_refund"
+    assert w.pay.refunds()[0]["status"] == "succeeded", "nothing is cancelled before approval"
+
+    run = rt.approve("r1", "compensate:create_refund", approver="finance", approval_id="APR-2")
+    assert run.status is R.CANCELLED_WITH_EFFECTS
+    refund = effect_of(rt, "r1", "create_refund")
+    compensation = effect_of(rt, "r1", "compensate:create_refund")
+    mail = effect_of(rt, "r1", "email")
+    assert refund.status is S.CONFIRMED
+    assert refund.compensation_status == "compensated"
+    assert compensation.status is S.CONFIRMED
+    assert compensation.compensates == refund.effect_id
+    assert compensation.approval_id == "APR-2"
+    assert refund.approval_id == "APR-r1"
+    assert compensation.idempotency_key not in (None, refund.idempotency_key)
+    assert mail.status is S.CONFIRMED
+    assert mail.compensation_status == "kept"
+    assert [a.kind.value for a in rt.attempts("r1", "compensate:create_refund")] == ["call"]
+    # The provider: one refund, cancelled once, by our compensation's key.
+    [row] = w.pay.refunds()
+    assert row["status"] == "canceled"
+    cancels = [c for c in w.pay.calls() if c["operation"] == "cancel_refund"]
+    assert [c["outcome"] for c in cancels] == ["ok"]
+    assert w.mail.messages()
+    assert len(w.mail.messages()) == 1
+    events = kinds(rt, "r1")
+    assert events.index("goal_abandoned") < events.index("compensation_decided")
+    assert "effect_kept" in events
+    assert rt.verify_audit() == []
+
+
+def test_a_technical_failure_after_two_confirmed_effects_compensates_nothing(
+    rt: ef.Runtime, w: World
+) -> None:
+    """Row "technical failure of the run": the run fails listing both effects; no compensation."""
+    run = approved_refund(rt, "r1", then="crash")
+    assert run.status is R.FAILED
+    refund, mail = effect_of(rt, "r1", "create_refund"), effect_of(rt, "r1", "email")
+    assert run.error is not None
+    assert set(run.error["confirmed_effects"]) == {refund.effect_id, mail.effect_id}
+    assert refund.status is S.CONFIRMED
+    assert refund.compensation_status == "available"
+    assert all(e.compensates is None for e in rt.effects(run_id="r1"))
+    assert [r["status"] for r in w.pay.refunds()] == ["succeeded"]
+    assert not [c for c in w.pay.calls() if c["operation"] == "cancel_refund"]
+    assert "compensation_decided" not in kinds(rt, "r1")
+
+
+def test_compensations_run_newest_first(rt: ef.Runtime, w: World) -> None:
+    """Automatic compensations answer the confirmed effects in reverse order; run ends compensated."""
+    run = rt.start(slots, run_id="trip", names=["a", "b", "c"])
+    assert run.status is R.COMPENSATED
+    assert w.slots == ["a", "b", "c"]
+    assert w.released == ["slot_c", "slot_b", "slot_a"]
+    intents = [e.step_id for e in rt.audit("trip") if e.kind == "intent"]
+    assert intents[3:] == ["compensate:reserve_c", "compensate:reserve_b", "compensate:reserve_a"]
+    for name in "abc":
+        original = effect_of(rt, "trip", f"reserve_{name}")
+        assert original.status is S.CONFIRMED
+        assert original.compensation_status == "compensated"
+
+
+def test_a_missed_compensation_deadline_goes_to_a_person(
+    rt: ef.Runtime, w: World, clock: FakeClock
+) -> None:
+    """An operator compensates after the contract's 10-minute deadline: nothing is called, the
+    refund's compensation is marked failed and the run waits for a person."""
+    approved_refund(rt, "r1")
+    clock.advance(11 * 60)
+    run = rt.compensate("r1", reason="customer withdrew", by="agent-7")
+    assert run.status is R.PAUSED
+    assert run.next_action is ef.NextAction.ASK_A_PERSON
+    refund = effect_of(rt, "r1", "create_refund")
+    assert refund.status is S.CONFIRMED
+    assert refund.compensation_status == "compensation_failed"
+    assert not [c for c in w.pay.calls() if c["operation"] == "cancel_refund"]
+    assert "compensation_failed" in kinds(rt, "r1")
+
+
+def test_a_failed_compensation_goes_to_a_person(rt: ef.Runtime, w: World) -> None:
+    """The provider refuses the cancel (its own window closed): compensation_failed, run paused."""
+    approved_refund(rt, "r1")
+    w.pay.inject("cancel_refund", "reject")
+    rt.compensate("r1", reason="customer withdrew")
+    run = rt.approve("r1", "compensate:create_refund", approver="finance", approval_id="APR-2")
+    assert run.status is R.PAUSED
+    assert effect_of(rt, "r1", "create_refund").compensation_status == "compensation_failed"
+    assert effect_of(rt, "r1", "compensate:create_refund").status is S.REJECTED
+    assert [r["status"] for r in w.pay.refunds()] == ["succeeded"]
+
+
+def test_an_irreversible_effect_stays_confirmed_when_the_goal_is_abandoned(
+    rt: ef.Runtime, w: World
+) -> None:
+    """Row "abandoned; irreversible, no compensation": kept, run cancelled_with_effects."""
+    run = rt.start(email_only, run_id="e1", abandon=True)
+    assert run.status is R.CANCELLED_WITH_EFFECTS
+    mail = effect_of(rt, "e1", "email")
+    assert mail.status is S.CONFIRMED
+    assert mail.compensation_status == "kept"
+    assert len(w.mail.messages()) == 1
+    assert "effect_kept" in kinds(rt, "e1")
+
+
+def test_an_operator_can_compensate_a_succeeded_run(rt: ef.Runtime, w: World) -> None:
+    """rt.compensate after the fact: the goal is abandoned by a person, with a reason on record."""
+    approved_refund(rt, "r1")
+    run = rt.compensate("r1", reason="duplicate complaint", by="agent-7")
+    assert run.status is R.PAUSED
+    run = rt.approve("r1", "compensate:create_refund", approver="finance", approval_id="APR-2")
+    assert run.status is R.CANCELLED_WITH_EFFECTS
+    assert [r["status"] for r in w.pay.refunds()] == ["canceled"]
+    requested = [e for e in rt.audit("r1") if e.kind == "compensate_requested"]
+    assert requested
+    assert requested[0].actor == "agent-7"
+    assert requested[0].detail["reason"] == "duplicate complaint"
+    with pytest.raises(ef.ArgumentError):
+        rt.compensate("r1", reason="")
+
+
+# -- cancel (DESIGN §5), in every step state -------------------------------------------------------
+
+
+def test_cancel_while_a_step_is_pending_stops_it(rt: ef.Runtime, w: World) -> None:
+    """Pending (waiting for approval): the step is cancelled, nothing was sent, run cancelled."""
+    rt.start(refund_case, run_id="r1", payment_id="pay_1", amount=500)
+    inv = rt.cancel("r1", reason="customer withdrew")
+    assert inv.status is R.CANCELLED
+    assert inv.confirmed == []
+    assert inv.unknown == []
+    assert inv.cancelled_steps == ["create_refund"]
+    assert step(rt, "r1", "create_refund").status is S.CANCELLED
+    assert w.pay.refunds() == []
+    with pytest.raises(ef.StaleState):
+        rt.approve("r1", "create_refund", approver="ops-lead", approval_id="APR-late")
+    assert w.pay.refunds() == []
+
+
+def test_cancel_after_a_confirmed_effect_never_marks_it_undone(rt: ef.Runtime, w: World) -> None:
+    """Confirmed: the email stays confirmed and listed; the next step never starts."""
+    rt.start(email_then_refund, run_id="r1", payment_id="pay_1")
+    inv = rt.cancel("r1")
+    mail = effect_of(rt, "r1", "email")
+    assert inv.status is R.CANCELLED_WITH_EFFECTS
+    assert inv.confirmed == [mail.effect_id]
+    assert inv.cancelled_steps == ["create_refund"]
+    assert mail.status is S.CONFIRMED
+    assert mail.compensation_status == "kept"
+    assert len(w.mail.messages()) == 1
+    assert w.pay.refunds() == []
+
+
+def test_cancel_with_an_intent_recorded_queues_it_and_settles_after_reconciliation(
+    url: str, w: World, clock: FakeClock
+) -> None:
+    """Intent recorded (the process died after the intent): the effect is unknown; with no lookup it
+    is queued and the run is cancelled_pending_reconciliation until a person settles it, then it
+    moves on to cancelled (the person found nothing was sent)."""
+    crash = FaultPlan([Fault(FaultPoint.AFTER_INTENT, "email", action=FaultAction.RAISE)])
+    with ef.Runtime(url, clock=clock, faults=crash) as dying, pytest.raises(InjectedCrash):
+        dying.start(email_only, run_id="e1", abandon=False)
+    clock.advance(3600)  # the dead worker's lease has expired
+    with ef.Runtime(url, clock=clock) as rt:
+        inv = rt.cancel("e1")
+        mail = effect_of(rt, "e1", "email")
+        assert inv.status is R.CANCELLED_PENDING_RECONCILIATION
+        assert inv.unknown == [mail.effect_id]
+        assert inv.confirmed == []
+        assert rt.run("e1").next_action is ef.NextAction.RECONCILE
+        assert w.mail.messages() == []
+        rt.resolve(mail.effect_id, committed=False, evidence={"searched": "outbox"}, by="oncall")
+        assert rt.run("e1").status is R.CANCELLED
+        assert w.mail.messages() == [], "a cancelled run never retries the call"
+
+
+def test_cancel_with_an_unknown_outcome_moves_on_when_it_is_confirmed(
+    rt: ef.Runtime, w: World
+) -> None:
+    """Unknown (the connection reset after sending): queued; confirmed later -> with effects."""
+    w.mail_reset_after_send = True
+    run = rt.start(email_only, run_id="e1", abandon=False)
+    assert run.status is R.PAUSED
+    inv = rt.cancel("e1")
+    mail = effect_of(rt, "e1", "email")
+    assert inv.status is R.CANCELLED_PENDING_RECONCILIATION
+    assert inv.unknown == [mail.effect_id]
+    [message] = w.mail.messages()
+    rt.resolve(
+        mail.effect_id,
+        committed=True,
+        evidence={"external_effect_id": message["provider_message_id"]},
+        by="oncall",
+    )
+    assert rt.run("e1").status is R.CANCELLED_WITH_EFFECTS
+    assert effect_of(rt, "e1", "email").status is S.CONFIRMED
+    assert len(w.mail.messages()) == 1
+
+
+def test_cancel_while_awaiting_completion_stops_the_call_through_its_cancel_operation(
+    url: str, w: World, clock: FakeClock
+) -> None:
+    """Awaiting completion: the job was accepted but is not done; its tool declares a cancel
+    operation, so the cancel stops it at the provider and the inventory says so."""
+    crash = FaultPlan([Fault(FaultPoint.AFTER_RECORD, "job", action=FaultAction.RAISE)])
+    with ef.Runtime(url, clock=clock, faults=crash) as dying, pytest.raises(InjectedCrash):
+        dying.start(job, run_id="j1", name="nightly")
+    clock.advance(3600)
+    with ef.Runtime(url, clock=clock) as rt:
+        assert step(rt, "j1", "job").status is S.AWAITING_COMPLETION
+        inv = rt.cancel("j1")
+        stopped = effect_of(rt, "j1", "job")
+        assert inv.stopped == [stopped.effect_id]
+        assert inv.confirmed == []
+        assert inv.status is R.CANCELLED
+        assert stopped.status is S.CANCELLED
+        assert stopped.evidence is not None
+        assert w.stopped_jobs == ["job_nightly"]
+        assert w.jobs == {"job_nightly": "stopped"}
+
+
+def test_cancel_while_a_call_is_in_flight_lets_it_land_and_stops_before_the_next_step(
+    rt: ef.Runtime, w: World
+) -> None:
+    """In flight (another thread is inside the call): the inventory lists it; the call lands and is
+    recorded; the next step never starts."""
+    finished: dict[str, ef.RunRecord] = {}
+    worker = threading.Thread(
+        target=lambda: finished.setdefault("run", rt.start(blocking_two, run_id="b1"))
+    )
+    worker.start()
+    assert w.entered.wait(10)
+    inv = rt.cancel("b1", reason="stop")
+    landed = effect_of(rt, "b1", "a")
+    assert inv.status is R.CANCELLING
+    assert inv.in_flight == [landed.effect_id]
+    w.gate.set()
+    worker.join(10)
+    assert finished["run"].status is R.CANCELLED_WITH_EFFECTS
+    assert [s.step_id for s in rt.steps("b1")] == ["a"]
+    assert effect_of(rt, "b1", "a").status is S.CONFIRMED
+    assert rt.cancel("b1").confirmed == [landed.effect_id]
+
+
+def test_cancel_applies_the_compensation_policy_when_the_trigger_says_so(
+    rt: ef.Runtime, w: World
+) -> None:
+    """A step whose trigger includes ``cancelled``: cancel queues its compensation for approval; once
+    approved the refund is cancelled at the provider and listed as compensated."""
+    rt.start(refund_cancel_compensates, run_id="r1", payment_id="pay_1")
+    rt.approve("r1", "create_refund", approver="ops-lead", approval_id="APR-1")
+    assert step(rt, "r1", "second").status is S.PENDING
+    inv = rt.cancel("r1")
+    assert inv.status is R.CANCELLED_WITH_EFFECTS
+    assert inv.compensation_pending == ["compensate:create_refund"]
+    assert inv.cancelled_steps == ["second"]
+    rt.approve("r1", "compensate:create_refund", approver="finance", approval_id="APR-2")
+    after = rt.cancel("r1")
+    compensation = effect_of(rt, "r1", "compensate:create_refund")
+    assert after.compensated == [compensation.effect_id]
+    assert [r["status"] for r in w.pay.refunds()] == ["canceled"]
+
+
+def test_cancel_of_a_finished_run_changes_nothing(rt: ef.Runtime, w: World) -> None:
+    approved_refund(rt, "r1")
+    inv = rt.cancel("r1")
+    assert inv.status is R.SUCCEEDED
+    assert rt.run("r1").status is R.SUCCEEDED
+    assert [r["status"] for r in w.pay.refunds()] == ["succeeded"]
+    with pytest.raises(ef.RunNotFound):
+        rt.cancel("nope")
