@@ -32,7 +32,9 @@ def classify(result: Result) -> tuple[Outcome, Situation]:
         return Outcome.NOT_COMMITTED, Situation.NOT_COMMITTED
     if isinstance(exc, errors.Rejected | errors.IdempotencyConflict):
         return Outcome.REJECTED, Situation.REJECTED
-    if isinstance(exc, errors.Conflict):
+    if isinstance(exc, errors.Conflict) or getattr(exc, "status", None) == 412:
+        # A precondition failure (ef.Conflict, or a provider's 412 Precondition Failed) proves the
+        # write was refused before it applied.
         return Outcome.CONFLICT, Situation.CONFLICT
     return Outcome.UNKNOWN, Situation.IN_DOUBT
 
