@@ -6,6 +6,7 @@ world; the ledger is what the runtime knows. Each test reads both.
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections.abc import Iterator
@@ -63,6 +64,8 @@ class World:
         self.entered = threading.Event()
         #: While True, the email tool raises a plain error after the provider accepted the mail.
         self.mail_reset_after_send = False
+        #: How many more refund lookups answer "cannot tell" (the provider's search lags).
+        self.lookups_blind = 0
 
     def close(self) -> None:
         self.pay.close()
@@ -92,6 +95,9 @@ def speak(call: Any) -> Any:
 def get_refund(
     *, idempotency_key: str | None = None, external_effect_id: str | None = None
 ) -> ef.Lookup:
+    if world().lookups_blind:
+        world().lookups_blind -= 1
+        return ef.Lookup.unknown(reason="the refunds index lags")
     found = world().pay.get_refund_by_idempotency_key(idempotency_key) if idempotency_key else None
     if found is None:
         return ef.Lookup.not_committed()
@@ -635,3 +641,78 @@ def test_cancel_of_a_finished_run_changes_nothing(rt: ef.Runtime, w: World) -> N
     assert [r["status"] for r in w.pay.refunds()] == ["succeeded"]
     with pytest.raises(ef.RunNotFound):
         rt.cancel("nope")
+
+
+@ef.tool("cc_wait_for_gate", effect="pure")
+def wait_for_gate(label: str) -> str:
+    world().entered.set()
+    assert world().gate.wait(10)
+    return label
+
+
+@ef.workflow("cc_think_then_email")
+def think_then_email(ctx: ef.Context) -> Any:
+    text = ctx.call("think", wait_for_gate, label="Hello")
+    return ctx.call("email", email, to="li@example.com", body=text)
+
+
+def test_a_cancel_learnt_with_the_intent_stops_the_call_before_it_is_sent(
+    rt: ef.Runtime, w: World
+) -> None:
+    """The cancel arrives while the run computes (no write to learn it from); the next write is the
+    email's intent, which brings the cancel back: the email is never sent, its step is cancelled."""
+    finished: dict[str, ef.RunRecord] = {}
+    worker = threading.Thread(
+        target=lambda: finished.setdefault("run", rt.start(think_then_email, run_id="t1"))
+    )
+    worker.start()
+    assert w.entered.wait(10)
+    assert rt.cancel("t1").status is R.CANCELLING
+    w.gate.set()
+    worker.join(10)
+    assert finished["run"].status is R.CANCELLED
+    mail = effect_of(rt, "t1", "email")
+    assert mail.status is S.CANCELLED
+    assert [a.outcome.value for a in rt.attempts("t1", "email") if a.outcome] == ["not_committed"]
+    assert w.mail.messages() == []
+    assert "step_cancelled" in kinds(rt, "t1")
+
+
+@ef.workflow("cc_async_slots")
+async def async_slots(ctx: ef.AsyncContext, names: list[str]) -> Any:
+    for name in names:
+        await ctx.call(f"reserve_{name}", reserve_slot, name=name)
+    raise ef.AbandonGoal("called off")
+
+
+def test_an_async_workflow_abandoning_its_goal_is_compensated(rt: ef.Runtime, w: World) -> None:
+    run = asyncio.run(rt.start_async(async_slots, run_id="a1", names=["x", "y"]))
+    assert run.status is R.COMPENSATED
+    assert w.released == ["slot_y", "slot_x"]
+
+
+def test_reconcile_moves_a_cancelled_run_on_once_its_lookup_answers(
+    url: str, w: World, clock: FakeClock
+) -> None:
+    """cancelled_pending_reconciliation -> rt.reconcile looks the refund up -> cancelled_with_effects.
+    The refund's response was lost and the cancel came while its lookup could not tell yet."""
+    rt = ef.Runtime(url, clock=clock)
+    try:
+        rt.start(refund_case, run_id="r1", payment_id="pay_1", amount=500)
+        w.pay.inject("create_refund", "lose_response", times=3)
+        w.lookups_blind = 10
+        run = rt.approve("r1", "create_refund", approver="ops-lead", approval_id="APR-1")
+        assert run.status is R.PAUSED
+        assert step(rt, "r1", "create_refund").status is S.NEEDS_ATTENTION
+        inv = rt.cancel("r1")
+        assert inv.status is R.CANCELLED_PENDING_RECONCILIATION
+        w.lookups_blind = 0
+        rt.reconcile()
+        final = rt.run("r1")
+        assert final.status is R.CANCELLED_WITH_EFFECTS
+        refund = effect_of(rt, "r1", "create_refund")
+        assert refund.status is S.CONFIRMED
+        assert [r["refund_id"] for r in w.pay.refunds()] == [refund.external_effect_id]
+        assert rt.steps("r1")[-1].step_id == "create_refund", "nothing ran after the cancel"
+    finally:
+        rt.close()
