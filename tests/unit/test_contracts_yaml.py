@@ -585,3 +585,45 @@ def test_alias_bomb_is_refused_without_expanding_it() -> None:
     (problem,) = problems_of("\n".join(rows) + "\n")
     assert (problem.line, problem.field) == (1, "<yaml>")
     assert "aliases" in problem.message
+
+
+def test_approval_cancel_tool_and_precondition_load_from_yaml() -> None:
+    """The fields of approvals, cancel operations and preconditions have a YAML form too."""
+    contracts = loader.parse_contracts(
+        textwrap.dedent(
+            """\
+            side_effect_contract:
+              tool: deploy@2
+              effect_class: external_write
+              approval: {required: true}
+              recovery: {cancel_tool: abort_deploy, compensation_tool: rollback_deploy,
+                         compensation_param: deployment_id, compensation_automatic: true}
+            ---
+            workflow_step:
+              workflow: release
+              step_id: deploy
+              precondition: {observe: observe_prod, max_reobserve: 5}
+              compensation: {trigger: cancelled}
+            """
+        ),
+        filename="inline.yaml",
+    )
+    deploy = contracts.tools["deploy@2"]
+    assert deploy.needs_approval
+    assert deploy.cancel == "abort_deploy"
+    assert deploy.compensation is not None
+    assert deploy.compensation.param == "deployment_id"
+    step = contracts.steps[("release", "deploy")]
+    assert (step.observe, step.max_reobserve) == ("observe_prod", 5)
+    assert step.triggers == frozenset({"cancelled"})
+
+
+def test_an_unknown_compensation_trigger_is_refused_with_its_line() -> None:
+    with pytest.raises(errors.ContractFileError) as caught:
+        loader.parse_contracts(
+            "workflow_step:\n  step_id: s\n  compensation: {trigger: on_failure}\n",
+            filename="bad.yaml",
+        )
+    [problem] = caught.value.problems
+    assert problem.line == 3
+    assert "trigger" in problem.field

@@ -217,6 +217,7 @@ def _tool_contract(entry: _yaml_lines.Entry) -> tool_mod.ToolContract:
             tool=recovery["compensation_tool"],
             deadline=recovery.get("compensation_deadline"),
             automatic=recovery.get("compensation_automatic", False),
+            param=recovery.get("compensation_param"),
         )
     retry = tool_mod.RetryPolicy()
     if "retry" in body:
@@ -239,6 +240,8 @@ def _tool_contract(entry: _yaml_lines.Entry) -> tool_mod.ToolContract:
         target=body.get("target"),
         record_request_digest=audit.get("record_request_digest", True),
         record_response_digest=audit.get("record_response_digest", True),
+        approval=entry.get("approval", "required"),
+        cancel=recovery.get("cancel_tool"),
     )
     _attempt(entry, (), contract.validate)
     return contract
@@ -268,4 +271,6 @@ def _step_contract(entry: _yaml_lines.Entry) -> workflow_mod.StepContract:
         compensation_trigger=compensation.get("trigger"),
         compensation_automatic=compensation.get("automatic"),
         compensation_strategy=compensation.get("strategy"),
+        observe=entry.get("precondition", "observe"),
+        max_reobserve=body.get("precondition", {}).get("max_reobserve", 3),
     )
