@@ -22,8 +22,8 @@ from effectflow.contracts.workflow import Workflow
 from effectflow.ledger import records
 from effectflow.ledger.local import LocalTransaction
 from effectflow.ledger.records import NextAction, RunStatus, StepStatus
-from effectflow.ledger.store import AuditProblem, Batch, DecisionRecord, LedgerStore, open_store
-from effectflow.runtime import context, ending, outcomes, requests
+from effectflow.ledger.store import AuditProblem, Batch, LedgerStore, open_store
+from effectflow.runtime import context, ending, people, requests
 from effectflow.runtime import state as state_mod
 from effectflow.runtime.faults import NO_FAULTS, FaultPlan
 
@@ -292,60 +292,14 @@ class Runtime:
             errors.StaleState: the step is not waiting for an approval.
             errors.IdempotencyConflict: ``approval_id`` was already used for something else.
         """
-        if not approver or not approval_id:
-            raise errors.ArgumentError("approve needs approver= and approval_id=")
-        run = self._require_run(run_id)
-        step = next((s for s in self.store.steps(run_id) if s.step_id == step_id), None)
-        used = self.store.get_approval(approval_id)
-        if used is not None:
-            same = (used.tenant, used.run_id, used.step_id, used.approver) == (
-                self.tenant,
-                run_id,
-                step_id,
-                approver,
-            )
-            if not same or step is None or used.request_digest != step.request_digest:
-                raise errors.IdempotencyConflict(
-                    f"approval {approval_id} was already given for another step or request",
-                    run_id=run_id,
-                    step_id=step_id,
-                )
-            return run
-        if step is None or not _awaits_approval(step):
-            raise errors.StaleState(
-                f"step {step_id} of run {run_id} is not waiting for an approval"
-                + ("" if step is None else f" (it is {step.status})"),
-                run_id=run_id,
-                step_id=step_id,
-            )
-        now = self.clock()
-        batch = Batch(run_id, lease_token=None)
-        batch.run_changes.update(
-            lease_token=run.lease_token + 1, lease_owner=None, lease_expires_at=None
+        return people.approve(
+            self, run_id, step_id, approver=approver, approval_id=approval_id, note=note
         )
-        batch.approvals.append(
-            records.ApprovalRecord(
-                approval_id=approval_id,
-                tenant=self.tenant,
-                run_id=run_id,
-                step_id=step_id,
-                request_digest=step.request_digest,
-                approver=approver,
-                note=note,
-                approved_at=now,
-            )
-        )
-        batch.event(
-            "approved",
-            now,
-            step_id=step_id,
-            actor=approver,
-            approval_id=approval_id,
-            request_digest=step.request_digest,
-            note=note,
-        )
-        self.store.apply(batch, lease_ttl=self.lease_ttl, now=now)
-        return self.resume(run_id, by=approver)
+
+    @staticmethod
+    def owner_alive(owner: str) -> bool:
+        """Whether a lease owner may still be alive (a dead pid on this host proves it is not)."""
+        return _owner_alive(owner)
 
     def _held_elsewhere(self, run: records.RunRecord) -> bool:
         """Whether a live worker (another process, or another thread here) executes the run."""
@@ -415,147 +369,15 @@ class Runtime:
             errors.StaleState: the effect moved on (another version, or it is no longer unknown).
             errors.IdempotencyConflict: the same ``decision_id`` was used with other parameters.
         """
-        if not by:
-            raise errors.ArgumentError("resolve needs `by`: the person (or system) deciding")
-        evidence = digests.to_jsonable(evidence, path="evidence")
-        effect = self.store.get_effect(effect_id, tenant=self.tenant)
-        if effect is None:
-            raise errors.EffectNotFound(
-                f"no effect {effect_id} in tenant {self.tenant}", effect_id=effect_id
-            )
-        params = digests.digest(
-            {"effect_id": effect_id, "committed": committed, "evidence": evidence, "by": by}
-        )
-        if decision_id is not None:
-            pinned = self.store.get_decision(decision_id)
-            if pinned is not None:
-                if pinned.params_digest != params or pinned.tenant != self.tenant:
-                    raise errors.IdempotencyConflict(
-                        f"decision {decision_id} was already taken with other parameters",
-                        effect_id=effect_id,
-                    )
-                found = self.store.get_effect(effect_id, tenant=self.tenant)
-                assert found is not None
-                return found
-        if expected_version is not None and expected_version != effect.version:
-            raise errors.StaleState(
-                f"effect {effect_id} is at version {effect.version}, not {expected_version}; "
-                "reload it and decide again",
-                effect_id=effect_id,
-                run_id=effect.run_id,
-            )
-        if effect.status not in records.IN_DOUBT_STATUSES:
-            raise errors.StaleState(
-                f"effect {effect_id} is {effect.status}, not unknown: there is nothing to resolve",
-                effect_id=effect_id,
-                run_id=effect.run_id,
-            )
-        run = self._require_run(effect.run_id)
-        now = self.clock()
-        if (
-            run.status is RunStatus.RUNNING
-            and run.lease_owner
-            and (run.lease_expires_at or 0) > now
-            and _owner_alive(run.lease_owner)
-        ):
-            raise errors.StaleState(
-                f"run {run.run_id} is being executed by {run.lease_owner}; wait until it pauses",
-                run_id=run.run_id,
-                effect_id=effect_id,
-            )
-        step = next(s for s in self.store.steps(run.run_id) if s.step_id == effect.step_id)
-        attempts = self.store.attempts(run.run_id, step.step_id)
-        batch = Batch(run.run_id, lease_token=None)
-        # A person's decision revokes any lease: a zombie holding the old token can write nothing.
-        batch.run_changes.update(
-            lease_token=run.lease_token + 1,
-            lease_owner=None,
-            lease_expires_at=None,
-            next_action=NextAction.EXECUTE,
-        )
-        batch.attempt(
-            records.AttemptRecord(
-                attempt_id=requests.new_id("att"),
-                run_id=run.run_id,
-                step_id=step.step_id,
-                number=len(attempts) + 1,
-                kind=records.AttemptKind.RESOLUTION,
-                generation=run.generation,
-                started_at=now,
-                ended_at=now,
-                outcome=records.Outcome.COMMITTED if committed else records.Outcome.NOT_COMMITTED,
-                error=None,
-                response_digest=digests.digest(evidence),
-            )
-        )
-        for attempt in attempts:
-            if attempt.outcome is None:
-                batch.attempt(outcomes.lost_in_flight(attempt, now))
-        if committed:
-            ext_id = evidence.get("external_effect_id", effect.external_effect_id)
-            ext_id = None if ext_id is None else str(ext_id)
-            output = evidence.get("result")
-            if output is None:
-                field = self._effect_id_field(step.tool)
-                output = dict(evidence)
-                if field and ext_id is not None:
-                    output[field] = ext_id
-            new_effect = dataclasses.replace(
-                effect,
-                status=StepStatus.CONFIRMED,
-                external_effect_id=ext_id,
-                committed_at=now,
-                evidence=evidence,
-                resolved_by=by,
-                next_action=NextAction.NONE,
-                version=effect.version + 1,
-                updated_at=now,
-            )
-            new_step = dataclasses.replace(
-                step,
-                status=StepStatus.CONFIRMED,
-                external_effect_id=ext_id,
-                output=output,
-                confirmed_at=now,
-                next_action=NextAction.USE_RESULT,
-                updated_at=now,
-            )
-        else:
-            new_effect = dataclasses.replace(
-                effect,
-                status=StepStatus.NOT_COMMITTED,
-                evidence=evidence,
-                resolved_by=by,
-                next_action=NextAction.EXECUTE,
-                version=effect.version + 1,
-                updated_at=now,
-            )
-            new_step = dataclasses.replace(
-                step,
-                status=StepStatus.NOT_COMMITTED,
-                next_action=NextAction.EXECUTE,
-                updated_at=now,
-            )
-        batch.effect(new_effect)
-        batch.step(new_step)
-        if decision_id is not None:
-            batch.decisions.append(DecisionRecord(decision_id, self.tenant, params, effect_id, now))
-        batch.event(
-            "resolution",
-            now,
-            step_id=step.step_id,
-            effect_id=effect_id,
-            actor=by,
+        return people.resolve(
+            self,
+            effect_id,
             committed=committed,
             evidence=evidence,
+            by=by,
+            expected_version=expected_version,
             decision_id=decision_id,
-            previous_status=effect.status.value,
         )
-        self.store.apply(batch, lease_ttl=self.lease_ttl, now=now)
-        if run.control is not None and run.control.get("kind") == ending.CANCEL:
-            # A cancelled run waited only for this answer: give it its end state now.
-            self.resume(run.run_id, by=by)
-        return new_effect
 
     def _effect_id_field(self, tool_ref: str) -> str | None:
         try:

@@ -12,7 +12,7 @@ from effectflow import digests, errors
 from effectflow.contracts.lookup import LookupStatus
 from effectflow.ledger import records
 from effectflow.ledger.records import NextAction, Outcome, StepStatus
-from effectflow.policies import decision
+from effectflow.policies import decision, retry
 from effectflow.policies.decision import Situation
 from effectflow.runtime import outcomes, requests
 from effectflow.runtime.faults import FaultPoint
@@ -212,8 +212,6 @@ class SettleMixin(MachineBase):
         """How long to wait before the next completion poll: backoff, but never past the deadline."""
         completion = self.contract.completion
         assert completion is not None
-        from effectflow.policies import retry
-
         polls = self._count(records.AttemptKind.LOOKUP)
         wait = retry.backoff(self.contract.retry, max(polls, 1), self.state.rng)
         accepted = self._effect(step).committed_at or step.updated_at

@@ -1,0 +1,260 @@
+"""A person's decisions: settling an unknown effect (``rt.resolve``) and approving a step
+(``rt.approve``). Both are pinned, fenced and audited: a stale version or a reused id is refused, and
+the decision revokes any worker's lease so a zombie cannot write over it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING, Any
+
+from effectflow import digests, errors
+from effectflow.ledger import records
+from effectflow.ledger.records import NextAction, RunStatus, StepStatus
+from effectflow.ledger.store import Batch, DecisionRecord
+from effectflow.runtime import ending, outcomes, requests
+
+if TYPE_CHECKING:
+    from effectflow.runtime.runtime import Runtime
+
+
+def _awaits_approval(step: records.StepRecord) -> bool:
+    return (
+        step.status is StepStatus.PENDING and (step.error or {}).get("code") == "approval_required"
+    )
+
+
+def resolve(
+    rt: Runtime,
+    effect_id: str,
+    *,
+    committed: bool,
+    evidence: dict[str, Any],
+    by: str,
+    expected_version: int | None = None,
+    decision_id: str | None = None,
+) -> records.EffectRecord:
+    """A person settles an unknown effect: it happened (``committed=True``) or it did not.
+
+    The audit log records who decided and on what evidence. ``resume`` then continues the run:
+    a confirmed step returns the recorded result, a not-committed one is retried with its
+    original key.
+
+    Raises:
+        errors.EffectNotFound: no such effect for this tenant.
+        errors.StaleState: the effect moved on (another version, or it is no longer unknown).
+        errors.IdempotencyConflict: the same ``decision_id`` was used with other parameters.
+    """
+    if not by:
+        raise errors.ArgumentError("resolve needs `by`: the person (or system) deciding")
+    evidence = digests.to_jsonable(evidence, path="evidence")
+    effect = rt.store.get_effect(effect_id, tenant=rt.tenant)
+    if effect is None:
+        raise errors.EffectNotFound(
+            f"no effect {effect_id} in tenant {rt.tenant}", effect_id=effect_id
+        )
+    params = digests.digest(
+        {"effect_id": effect_id, "committed": committed, "evidence": evidence, "by": by}
+    )
+    if decision_id is not None:
+        pinned = rt.store.get_decision(decision_id)
+        if pinned is not None:
+            if pinned.params_digest != params or pinned.tenant != rt.tenant:
+                raise errors.IdempotencyConflict(
+                    f"decision {decision_id} was already taken with other parameters",
+                    effect_id=effect_id,
+                )
+            found = rt.store.get_effect(effect_id, tenant=rt.tenant)
+            assert found is not None
+            return found
+    if expected_version is not None and expected_version != effect.version:
+        raise errors.StaleState(
+            f"effect {effect_id} is at version {effect.version}, not {expected_version}; "
+            "reload it and decide again",
+            effect_id=effect_id,
+            run_id=effect.run_id,
+        )
+    if effect.status not in records.IN_DOUBT_STATUSES:
+        raise errors.StaleState(
+            f"effect {effect_id} is {effect.status}, not unknown: there is nothing to resolve",
+            effect_id=effect_id,
+            run_id=effect.run_id,
+        )
+    run = rt._require_run(effect.run_id)
+    now = rt.clock()
+    if (
+        run.status is RunStatus.RUNNING
+        and run.lease_owner
+        and (run.lease_expires_at or 0) > now
+        and rt.owner_alive(run.lease_owner)
+    ):
+        raise errors.StaleState(
+            f"run {run.run_id} is being executed by {run.lease_owner}; wait until it pauses",
+            run_id=run.run_id,
+            effect_id=effect_id,
+        )
+    step = next(s for s in rt.store.steps(run.run_id) if s.step_id == effect.step_id)
+    attempts = rt.store.attempts(run.run_id, step.step_id)
+    batch = Batch(run.run_id, lease_token=None)
+    # A person's decision revokes any lease: a zombie holding the old token can write nothing.
+    batch.run_changes.update(
+        lease_token=run.lease_token + 1,
+        lease_owner=None,
+        lease_expires_at=None,
+        next_action=NextAction.EXECUTE,
+    )
+    batch.attempt(
+        records.AttemptRecord(
+            attempt_id=requests.new_id("att"),
+            run_id=run.run_id,
+            step_id=step.step_id,
+            number=len(attempts) + 1,
+            kind=records.AttemptKind.RESOLUTION,
+            generation=run.generation,
+            started_at=now,
+            ended_at=now,
+            outcome=records.Outcome.COMMITTED if committed else records.Outcome.NOT_COMMITTED,
+            error=None,
+            response_digest=digests.digest(evidence),
+        )
+    )
+    for attempt in attempts:
+        if attempt.outcome is None:
+            batch.attempt(outcomes.lost_in_flight(attempt, now))
+    if committed:
+        ext_id = evidence.get("external_effect_id", effect.external_effect_id)
+        ext_id = None if ext_id is None else str(ext_id)
+        output = evidence.get("result")
+        if output is None:
+            field = rt._effect_id_field(step.tool)
+            output = dict(evidence)
+            if field and ext_id is not None:
+                output[field] = ext_id
+        new_effect = dataclasses.replace(
+            effect,
+            status=StepStatus.CONFIRMED,
+            external_effect_id=ext_id,
+            committed_at=now,
+            evidence=evidence,
+            resolved_by=by,
+            next_action=NextAction.NONE,
+            version=effect.version + 1,
+            updated_at=now,
+        )
+        new_step = dataclasses.replace(
+            step,
+            status=StepStatus.CONFIRMED,
+            external_effect_id=ext_id,
+            output=output,
+            confirmed_at=now,
+            next_action=NextAction.USE_RESULT,
+            updated_at=now,
+        )
+    else:
+        new_effect = dataclasses.replace(
+            effect,
+            status=StepStatus.NOT_COMMITTED,
+            evidence=evidence,
+            resolved_by=by,
+            next_action=NextAction.EXECUTE,
+            version=effect.version + 1,
+            updated_at=now,
+        )
+        new_step = dataclasses.replace(
+            step,
+            status=StepStatus.NOT_COMMITTED,
+            next_action=NextAction.EXECUTE,
+            updated_at=now,
+        )
+    batch.effect(new_effect)
+    batch.step(new_step)
+    if decision_id is not None:
+        batch.decisions.append(DecisionRecord(decision_id, rt.tenant, params, effect_id, now))
+    batch.event(
+        "resolution",
+        now,
+        step_id=step.step_id,
+        effect_id=effect_id,
+        actor=by,
+        committed=committed,
+        evidence=evidence,
+        decision_id=decision_id,
+        previous_status=effect.status.value,
+    )
+    rt.store.apply(batch, lease_ttl=rt.lease_ttl, now=now)
+    if run.control is not None and run.control.get("kind") == ending.CANCEL:
+        # A cancelled run waited only for this answer: give it its end state now.
+        rt.resume(run.run_id, by=by)
+    return new_effect
+
+
+def approve(
+    rt: Runtime,
+    run_id: str,
+    step_id: str,
+    *,
+    approver: str,
+    approval_id: str,
+    note: str | None = None,
+) -> records.RunRecord:
+    """A person approves a step waiting for approval (a financial write, a compensation); the
+    run then continues in this process. The approval id is recorded on the effect.
+
+    Raises:
+        errors.StaleState: the step is not waiting for an approval.
+        errors.IdempotencyConflict: ``approval_id`` was already used for something else.
+    """
+    if not approver or not approval_id:
+        raise errors.ArgumentError("approve needs approver= and approval_id=")
+    run = rt._require_run(run_id)
+    step = next((s for s in rt.store.steps(run_id) if s.step_id == step_id), None)
+    used = rt.store.get_approval(approval_id)
+    if used is not None:
+        same = (used.tenant, used.run_id, used.step_id, used.approver) == (
+            rt.tenant,
+            run_id,
+            step_id,
+            approver,
+        )
+        if not same or step is None or used.request_digest != step.request_digest:
+            raise errors.IdempotencyConflict(
+                f"approval {approval_id} was already given for another step or request",
+                run_id=run_id,
+                step_id=step_id,
+            )
+        return run
+    if step is None or not _awaits_approval(step):
+        raise errors.StaleState(
+            f"step {step_id} of run {run_id} is not waiting for an approval"
+            + ("" if step is None else f" (it is {step.status})"),
+            run_id=run_id,
+            step_id=step_id,
+        )
+    now = rt.clock()
+    batch = Batch(run_id, lease_token=None)
+    batch.run_changes.update(
+        lease_token=run.lease_token + 1, lease_owner=None, lease_expires_at=None
+    )
+    batch.approvals.append(
+        records.ApprovalRecord(
+            approval_id=approval_id,
+            tenant=rt.tenant,
+            run_id=run_id,
+            step_id=step_id,
+            request_digest=step.request_digest,
+            approver=approver,
+            note=note,
+            approved_at=now,
+        )
+    )
+    batch.event(
+        "approved",
+        now,
+        step_id=step_id,
+        actor=approver,
+        approval_id=approval_id,
+        request_digest=step.request_digest,
+        note=note,
+    )
+    rt.store.apply(batch, lease_ttl=rt.lease_ttl, now=now)
+    return rt.resume(run_id, by=approver)

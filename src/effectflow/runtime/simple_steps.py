@@ -1,0 +1,269 @@
+"""Steps with no unknown window: pure and read steps (their result is recorded and replayed), and
+``local_transaction`` writes (their writes commit with the checkpoint, or roll back with it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+from effectflow import digests, errors
+from effectflow.ledger import records
+from effectflow.ledger.records import NextAction, Outcome, StepStatus
+from effectflow.ledger.store import Batch
+from effectflow.policies import decision, retry
+from effectflow.policies.decision import Situation
+from effectflow.runtime import outcomes, requests
+from effectflow.runtime.faults import FaultPoint
+from effectflow.runtime.machine import MachineBase
+
+
+class SimpleStepsMixin(MachineBase):
+    """Pure, read and local-transaction steps."""
+
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    _local_step: records.StepRecord
+
+    def _pure_or_read(self, existing: records.StepRecord | None) -> requests.Machine:
+        st = self.state
+        policy = self.contract.retry
+        tries = 0
+        while True:
+            tries += 1
+            result: requests.Result = yield requests.Invoke(
+                self.tool, self.args, self.kwargs, self.contract.timeout
+            )
+            now = st.now()
+            if result.error is None:
+                output = self._recordable(result.value)
+                st.faults.hit(FaultPoint.AFTER_PURE_RESULT, self.step_id)
+                step = self._step_record(existing, StepStatus.CONFIRMED, now, output=output)
+                step = dataclasses.replace(
+                    step, confirmed_at=now, next_action=NextAction.USE_RESULT
+                )
+                st.steps[self.step_id] = step
+                st.link_previous(self.step_id, st.pending)
+                st.pending.step(step)
+                st.pending.event(
+                    "recorded",
+                    now,
+                    step_id=self.step_id,
+                    tool=self.tool.ref,
+                    request_digest=self.request_digest,
+                    response_digest=digests.digest(output),
+                )
+                return output
+            exc = result.error
+            if isinstance(exc, errors.Rejected):
+                self._defer_failure(existing, StepStatus.REJECTED, exc, now)
+                raise errors.StepRejected(
+                    f"step {self.step_id}: {self.tool.ref} rejected the request: {exc}",
+                    run_id=self.run_id,
+                    step_id=self.step_id,
+                ) from exc
+            transient = isinstance(
+                exc, errors.NotCommitted | errors.OutcomeUnknown | TimeoutError | ConnectionError
+            )
+            if not transient or not isinstance(exc, Exception):
+                raise exc
+            if tries >= policy.max_attempts:
+                self._defer_failure(existing, StepStatus.FAILED, exc, now)
+                raise errors.RetryBudgetExhausted(
+                    f"step {self.step_id}: {self.tool.ref} failed {tries} times: {exc}",
+                    run_id=self.run_id,
+                    step_id=self.step_id,
+                ) from exc
+            yield requests.Sleep(retry.backoff(policy, tries, st.rng))
+
+    def _defer_failure(
+        self,
+        existing: records.StepRecord | None,
+        status: StepStatus,
+        exc: BaseException,
+        now: float,
+    ) -> None:
+        st = self.state
+        step = self._step_record(existing, status, now, error=outcomes.error_of(exc))
+        step = dataclasses.replace(step, next_action=NextAction.NONE)
+        st.steps[self.step_id] = step
+        st.link_previous(self.step_id, st.pending)
+        st.pending.step(step)
+        st.pending.event(
+            "step_" + status.value, now, step_id=self.step_id, error=outcomes.error_of(exc)
+        )
+
+    def _local(self, existing: records.StepRecord | None) -> requests.Machine:
+        """A ``local_transaction`` tool: intent, call and outcome are one ACID transaction.
+
+        There is no unknown window: either the tool's writes and the confirmed step commit together,
+        or neither does (real rollback) and the step is recorded as not committed.
+        """
+        st = self.state
+        policy = self.contract.retry
+        if existing is not None and existing.status is not StepStatus.NOT_COMMITTED:
+            raise errors.StepFailed(
+                f"step {self.step_id} is {existing.status}; a local transaction step is either "
+                "confirmed or not committed",
+                run_id=self.run_id,
+                step_id=self.step_id,
+            )
+        tries = 0
+        while True:
+            tries += 1
+            started = st.now()
+            effect_id = (
+                existing.effect_id if existing and existing.effect_id else requests.new_id("eff")
+            )
+            attempt = self._new_attempt(records.AttemptKind.CALL, started)
+
+            deferred = st.pending
+            finish = self._local_finish(existing, effect_id, attempt)
+            result: requests.Result = yield requests.InTransaction(
+                self.tool, self.args, dict(self.kwargs), finish
+            )
+            if result.error is None:
+                step = self._local_step
+                st.steps[self.step_id] = step
+                st.note_attempt(dataclasses.replace(attempt, outcome=Outcome.COMMITTED))
+                return step.output
+            # Rolled back: the tool's writes and the checkpoint are gone together. Record that.
+            st.pending = deferred
+            exc = result.error
+            if isinstance(exc, errors.LeaseLost):
+                raise exc
+            now = st.now()
+            error = outcomes.error_of(exc)
+            rejected = isinstance(exc, errors.Rejected)
+            retryable = isinstance(exc, errors.NotCommitted | TimeoutError | ConnectionError)
+            status = StepStatus.REJECTED if rejected else StepStatus.NOT_COMMITTED
+            batch = st.batch()
+            st.link_previous(self.step_id, batch)
+            step = self._step_record(existing, status, now, error=error)
+            step = dataclasses.replace(
+                step,
+                effect_id=effect_id,
+                next_action=NextAction.EXECUTE if retryable else NextAction.NONE,
+            )
+            batch.step(step)
+            ended = dataclasses.replace(
+                attempt,
+                ended_at=now,
+                outcome=Outcome.REJECTED if rejected else Outcome.NOT_COMMITTED,
+                error=error,
+            )
+            batch.attempt(ended)
+            batch.effect(self._local_effect(effect_id, attempt, status, now))
+            verdict = decision.decide(
+                Situation.TRANSACTION_NOT_COMMITTED, decision.Facts(self.contract.effect)
+            )
+            batch.event(
+                "rollback",
+                now,
+                step_id=self.step_id,
+                effect_id=effect_id,
+                row=verdict.row,
+                reason=verdict.reason,
+                error=error,
+            )
+            yield requests.Commit(batch)
+            st.steps[self.step_id] = step
+            st.note_attempt(ended)
+            existing = step
+            if rejected:
+                raise errors.StepRejected(
+                    f"step {self.step_id}: {self.tool.ref} refused; its transaction rolled back: "
+                    f"{exc}",
+                    run_id=self.run_id,
+                    step_id=self.step_id,
+                ) from exc
+            if not retryable or tries >= policy.max_attempts:
+                raise errors.StepFailed(
+                    f"step {self.step_id}: {self.tool.ref} failed and its transaction rolled back "
+                    f"(nothing was written): {exc}",
+                    run_id=self.run_id,
+                    step_id=self.step_id,
+                ) from exc
+            yield requests.Sleep(retry.backoff(policy, tries, st.rng))
+
+    def _local_finish(
+        self,
+        existing: records.StepRecord | None,
+        effect_id: str,
+        attempt: records.AttemptRecord,
+    ) -> Callable[[Any], Batch]:
+        """The checkpoint batch of a local transaction, built inside it from the tool's result."""
+        st = self.state
+
+        def finish(value: Any) -> Batch:
+            now = st.now()
+            output = self._recordable(value)
+            st.faults.hit(FaultPoint.IN_LOCAL_TRANSACTION, self.step_id)
+            batch = st.batch()
+            st.link_previous(self.step_id, batch)
+            step = self._step_record(existing, StepStatus.CONFIRMED, now, output=output)
+            step = dataclasses.replace(
+                step,
+                effect_id=effect_id,
+                confirmed_at=now,
+                next_action=NextAction.USE_RESULT,
+                logical_operation_id=f"{self.run_id}/{self.step_id}",
+            )
+            batch.step(step)
+            batch.attempt(
+                dataclasses.replace(
+                    attempt,
+                    ended_at=now,
+                    outcome=Outcome.COMMITTED,
+                    response_digest=digests.digest(output),
+                )
+            )
+            batch.effect(self._local_effect(effect_id, attempt, StepStatus.CONFIRMED, now))
+            batch.event(
+                "local_commit",
+                now,
+                step_id=self.step_id,
+                effect_id=effect_id,
+                tool=self.tool.ref,
+                request_digest=self.request_digest,
+                response_digest=digests.digest(output),
+            )
+            self._local_step = step
+            return batch
+
+        return finish
+
+    def _local_effect(
+        self,
+        effect_id: str,
+        attempt: records.AttemptRecord,
+        status: StepStatus,
+        now: float,
+    ) -> records.EffectRecord:
+        confirmed = status is StepStatus.CONFIRMED
+        return records.EffectRecord(
+            effect_id=effect_id,
+            tenant=self.state.run.tenant,
+            run_id=self.run_id,
+            step_id=self.step_id,
+            tool=self.tool.ref,
+            tool_call_id=attempt.attempt_id,
+            logical_operation_id=f"{self.run_id}/{self.step_id}",
+            idempotency_key=None,
+            request_digest=self.request_digest,
+            response_digest=None,
+            status=status,
+            external_system="ledger",
+            external_effect_id=None,
+            committed_at=now if confirmed else None,
+            approval_id=None,
+            compensation_status=outcomes.compensation_status(self.tool),
+            compensates=None,
+            evidence={"transaction": "committed" if confirmed else "rolled_back"},
+            resolved_by=None,
+            next_action=NextAction.NONE if confirmed else NextAction.EXECUTE,
+            version=1,
+            created_at=now,
+            updated_at=now,
+        )
