@@ -5,6 +5,7 @@ Exit codes (documented in the README): 0 ok, 1 failure, 2 usage error, 3 somethi
 
 from __future__ import annotations
 
+import enum
 import json
 import os
 from pathlib import Path
@@ -42,22 +43,50 @@ DbOption = Annotated[
 JsonOption = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")]
 
 
+class Scenario(enum.StrEnum):
+    """The stories ``effectflow demo`` can tell."""
+
+    #: A worker is SIGKILLed mid-call and a fresh process recovers (the default).
+    CUSTOMER_CASE = "customer_case"
+    #: A refund needs approval, loses its response, then is cancelled when the goal is abandoned.
+    REFUND = "refund"
+    #: A deploy with a precondition meets a concurrent writer, re-observes and never overwrites.
+    DEPLOY = "deploy"
+
+
 @app.command()
 def demo(
     folder: Annotated[
         Path | None,
         typer.Option("--dir", help="Keep the demo's ledger and provider files in this folder."),
     ] = None,
+    scenario: Annotated[
+        Scenario,
+        typer.Option(
+            "--scenario",
+            help="customer_case: SIGKILL and recovery; refund: approvals and compensation; "
+            "deploy: a precondition conflict and re-observation.",
+        ),
+    ] = Scenario.CUSTOMER_CASE,
 ) -> None:
-    """Run the customer-case demo: a worker is SIGKILLed mid-call and a fresh process recovers.
+    """Run a demo; the default, customer_case, SIGKILLs a worker mid-call and recovers the run.
 
-    Ends with the providers' own truth: exactly one email, one CRM task, one notification.
+    Every scenario ends with the providers' own truth, read back from their files.
     """
     from rich.console import Console
 
+    console = Console(width=None if os.isatty(1) else 120)
+    # Import only the scenario asked for: each one registers its own tools and workflow.
+    if scenario is Scenario.REFUND:
+        from effectflow.demo import refund
+
+        raise typer.Exit(refund.run(folder, console))
+    if scenario is Scenario.DEPLOY:
+        from effectflow.demo import deploy
+
+        raise typer.Exit(deploy.run(folder, console))
     from effectflow.demo import runner
 
-    console = Console(width=None if os.isatty(1) else 120)
     raise typer.Exit(runner.run(folder, console))
 
 
