@@ -479,16 +479,17 @@ def _conclude(
         lease_owner=None,
         lease_expires_at=None,
     )
-    batch.event(
-        "run_" + status.value,
-        now,
-        control=kind,
-        confirmed=inv.confirmed,
-        unknown=inv.unknown,
-        compensated=inv.compensated,
-        compensation_pending=inv.compensation_pending,
-        cancelled_steps=inv.cancelled_steps,
-    )
+    if not (status is RunStatus.PAUSED and waiting):  # the waiting step already said run_paused
+        batch.event(
+            "run_" + status.value,
+            now,
+            control=kind,
+            confirmed=inv.confirmed,
+            unknown=inv.unknown,
+            compensated=inv.compensated,
+            compensation_pending=inv.compensation_pending,
+            cancelled_steps=inv.cancelled_steps,
+        )
     runtime.commit(state, batch)
     return runtime.run(run.run_id)
 
