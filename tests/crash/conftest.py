@@ -55,9 +55,14 @@ class World:
         recover: bool = False,
         reconcile: bool = False,
         start: tuple[tuple[str, str, Mapping[str, Any]], ...] = (),
+        apps: tuple[str, ...] = (),
+        approve: tuple[tuple[str, str, str], ...] = (),
     ) -> subprocess.CompletedProcess[str]:
-        """Run ``child.py`` to its end (or its SIGKILL); ``start`` holds (workflow, run_id, input)."""
+        """Run ``child.py`` to its end (or its SIGKILL); ``start`` holds (workflow, run_id, input),
+        ``apps`` more application modules to import, ``approve`` (run_id, step_id, approval_id)."""
         cmd = [sys.executable, str(CHILD), str(self.directory)]
+        for module in apps:
+            cmd += ["--app", module]
         if kill:
             cmd += ["--kill", kill]
         if recover:
@@ -66,6 +71,8 @@ class World:
             cmd.append("--reconcile")
         for workflow, run_id, input in start:
             cmd += ["--start", workflow, run_id, json.dumps(dict(input))]
+        for run_id, step_id, approval_id in approve:
+            cmd += ["--approve", run_id, step_id, approval_id]
         return subprocess.run(
             cmd, capture_output=True, text=True, timeout=CHILD_TIMEOUT_S, check=False
         )
