@@ -716,3 +716,51 @@ def test_reconcile_moves_a_cancelled_run_on_once_its_lookup_answers(
         assert rt.steps("r1")[-1].step_id == "create_refund", "nothing ran after the cancel"
     finally:
         rt.close()
+
+
+@ef.tool("cc_abort_export", effect="external_write")
+def abort_export(*, idempotency_key: str | None = None) -> dict[str, Any]:
+    world().stopped_jobs.append(str(idempotency_key))
+    world().gate.set()  # the provider aborts the running export: the call returns at once
+    return {"aborted": True}
+
+
+@ef.tool("cc_export", effect="external_write", cancel=abort_export)
+def export(name: str, *, idempotency_key: str) -> dict[str, Any]:
+    world().entered.set()
+    assert world().gate.wait(10)
+    if world().stopped_jobs:
+        raise ef.NotCommitted("the export was aborted before it wrote anything")
+    return {"export": name}
+
+
+@ef.workflow("cc_export_run")
+def export_run(ctx: ef.Context) -> Any:
+    return ctx.call("export", export, name="ledger-2026")
+
+
+def test_cancel_stops_a_call_in_flight_through_the_tools_cancel_operation(
+    rt: ef.Runtime, w: World
+) -> None:
+    """In flight in another thread, with a cancel operation: the provider is asked to stop it (by
+    the call's key), the call comes back not committed, no retry is sent, and the run ends
+    cancelled with no effects."""
+    finished: dict[str, ef.RunRecord] = {}
+    worker = threading.Thread(
+        target=lambda: finished.setdefault("run", rt.start(export_run, run_id="x1"))
+    )
+    worker.start()
+    assert w.entered.wait(10)
+    inv = rt.cancel("x1")
+    flying = effect_of(rt, "x1", "export")
+    assert inv.in_flight == [flying.effect_id]
+    assert w.stopped_jobs == [flying.idempotency_key]
+    worker.join(10)
+    assert finished["run"].status is R.CANCELLED
+    # The aborted call did nothing; its retry was stopped by the cancel before it was sent.
+    assert effect_of(rt, "x1", "export").status is S.CANCELLED
+    outcomes = [a.outcome.value for a in rt.attempts("x1", "export") if a.outcome]
+    assert outcomes == ["not_committed", "not_committed"]
+    calls = [e for e in rt.audit("x1") if e.kind == "cancel_call"]
+    assert calls
+    assert calls[0].detail["in_flight"] is True

@@ -22,6 +22,7 @@ from effectflow.contracts.tool import Tool
 from effectflow.contracts.workflow import StepContract
 from effectflow.ledger import records
 from effectflow.ledger.records import NextAction, RunStatus, StepStatus
+from effectflow.ledger.store import Batch
 from effectflow.policies import decision
 from effectflow.policies.decision import Action, Situation
 from effectflow.runtime import context, engine, outcomes, requests
@@ -132,17 +133,7 @@ def _stop_in_progress(runtime: Runtime, state: state_mod.RunState) -> None:
         if tool.contract.cancel is None or step.effect_id is None:
             continue
         canceller = runtime.registry.tool(tool.contract.cancel)
-        kwargs: dict[str, Any] = {}
-        params = canceller.signature.parameters
-        if "idempotency_key" in params:
-            kwargs["idempotency_key"] = step.idempotency_key
-        if "external_effect_id" in params:
-            kwargs["external_effect_id"] = step.external_effect_id
-        try:
-            answer: Any = context._call_sync(canceller, (), kwargs, canceller.contract.timeout)
-            error = None
-        except Exception as exc:
-            answer, error = None, outcomes.error_of(exc)
+        answer, error = _call_cancel_operation(canceller, step)
         now = state.now()
         effect = runtime.store.get_effect(step.effect_id)
         assert effect is not None
@@ -173,6 +164,59 @@ def _stop_in_progress(runtime: Runtime, state: state_mod.RunState) -> None:
             error=error,
         )
         runtime.commit(state, batch)
+
+
+def _call_cancel_operation(
+    canceller: Tool[..., Any], step: records.StepRecord
+) -> tuple[Any, dict[str, Any] | None]:
+    """Ask the provider to stop the step's call (by its key / external id): (answer, error)."""
+    kwargs: dict[str, Any] = {}
+    params = canceller.signature.parameters
+    if "idempotency_key" in params:
+        kwargs["idempotency_key"] = step.idempotency_key
+    if "external_effect_id" in params:
+        kwargs["external_effect_id"] = step.external_effect_id
+    try:
+        return context._call_sync(canceller, (), kwargs, canceller.contract.timeout), None
+    except Exception as exc:
+        return None, outcomes.error_of(exc)
+
+
+def cancel_calls_in_flight(runtime: Runtime, run: records.RunRecord) -> list[str]:
+    """A run another worker executes: ask the provider to stop the calls it is in the middle of,
+    where their tools declare a cancel operation. Only the request is recorded here; the worker
+    classifies each call when it lands (the provider's answer says whether it took effect).
+
+    Returns the effect ids in flight.
+    """
+    flying = []
+    now = runtime.clock()
+    batch = Batch(run.run_id, lease_token=None)
+    for step in runtime.store.steps(run.run_id):
+        if step.status is not StepStatus.INTENT_RECORDED or step.effect_id is None:
+            continue
+        flying.append(step.effect_id)
+        try:
+            tool = runtime.registry.tool(step.tool)
+        except errors.ContractError:
+            continue
+        if tool.contract.cancel is None:
+            continue
+        canceller = runtime.registry.tool(tool.contract.cancel)
+        answer, error = _call_cancel_operation(canceller, step)
+        batch.event(
+            "cancel_call",
+            now,
+            step_id=step.step_id,
+            effect_id=step.effect_id,
+            cancel_tool=canceller.ref,
+            answer=_jsonable(answer),
+            error=error,
+            in_flight=True,
+        )
+    if not batch.empty:
+        runtime.store.apply(batch, lease_ttl=runtime.lease_ttl, now=now)
+    return flying
 
 
 def _settle_unknowns(runtime: Runtime, state: state_mod.RunState) -> None:

@@ -248,11 +248,7 @@ class Runtime:
         control = {"kind": ending.CANCEL, "reason": reason, "by": by, "at": self.clock()}
         if self._held_elsewhere(run):
             self._request(run, control, RunStatus.CANCELLING)
-            flying = frozenset(
-                s.effect_id
-                for s in self.store.steps(run_id)
-                if s.status is StepStatus.INTENT_RECORDED and s.effect_id is not None
-            )
+            flying = frozenset(ending.cancel_calls_in_flight(self, run))
             return ending.inventory(self, self._require_run(run_id), in_flight=flying)
         finished = self._stop(run, control, RunStatus.CANCELLING)
         return ending.inventory(self, finished)
