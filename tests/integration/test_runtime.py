@@ -892,3 +892,42 @@ def test_async_workflow_with_async_tools(rt: ef.Runtime, w: World) -> None:
     for run_id in ("async-1", "async-2"):
         assert [s.status for s in rt.steps(run_id)] == [ef.StepStatus.CONFIRMED] * 2
     assert rt.verify_audit() == []
+
+
+@ef.workflow(
+    "it_send_policy_pause",
+    steps=[ef.StepContract("send", when_not_committed=ef.WhenNotCommitted.PAUSE)],
+)
+def send_policy_pause(ctx: ef.Context, to: str) -> str:
+    sent = ctx.call("send", send_email, to=to, subject="Hello", body="Hi")
+    return str(sent["provider_message_id"])
+
+
+@ef.workflow(
+    "it_send_policy_fail",
+    steps=[ef.StepContract("send", when_not_committed=ef.WhenNotCommitted.FAIL)],
+)
+def send_policy_fail(ctx: ef.Context, to: str) -> str:
+    sent = ctx.call("send", send_email, to=to, subject="Hello", body="Hi")
+    return str(sent["provider_message_id"])
+
+
+def test_step_policy_pause_on_not_committed_asks_a_person(rt: ef.Runtime, w: World) -> None:
+    """Row "not committed; when_not_committed=pause": no retry, the run waits for a person."""
+    w.mail.inject("send", "fail_before_commit")
+    run = rt.start(send_policy_pause, run_id="p1", to="a@example.com")
+    assert run.status is ef.RunStatus.PAUSED
+    assert run.error is not None
+    assert run.error["row"] == "not_committed_policy_pause"
+    assert [c["outcome"] for c in w.mail.calls()] == ["not_committed"]
+    assert w.mail.messages() == []
+
+
+def test_step_policy_fail_on_not_committed_fails_the_run(rt: ef.Runtime, w: World) -> None:
+    """Row "not committed; when_not_committed=fail": the step fails at once, no retry."""
+    w.mail.inject("send", "fail_before_commit")
+    run = rt.start(send_policy_fail, run_id="f1", to="a@example.com")
+    assert run.status is ef.RunStatus.FAILED
+    assert step_of(rt, "f1", "send").status is ef.StepStatus.FAILED
+    assert [c["outcome"] for c in w.mail.calls()] == ["not_committed"]
+    assert w.mail.messages() == []
