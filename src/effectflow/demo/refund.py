@@ -340,7 +340,7 @@ def _play(console: Console, rt: ef.Runtime, w: World, started: float) -> int:
     _show.timeline(console, rt, RUN_ID)
     ok = _truth(console, rt, w, run)
     ok = _show.audit_chain(console, rt) and ok
-    console.print(f"\n[dim]demo took {time.perf_counter() - started:.1f} s[/]")
+    console.print(f"\n[dim]demo took {time.perf_counter() - started:.2f} s[/]")
     return 0 if ok else 1
 
 
