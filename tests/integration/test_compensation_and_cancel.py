@@ -764,3 +764,26 @@ def test_cancel_stops_a_call_in_flight_through_the_tools_cancel_operation(
     calls = [e for e in rt.audit("x1") if e.kind == "cancel_call"]
     assert calls
     assert calls[0].detail["in_flight"] is True
+
+
+@ef.workflow("cc_correction")
+def correction(ctx: ef.Context) -> Any:
+    ctx.call("email", email, to="li@example.com", body="Your order ships tomorrow")
+    if ctx.call("still_on", compute, n=0) == 0:  # the order was cancelled after all
+        ctx.call("correction", email, to="li@example.com", body="Correction: it will not ship")
+        raise ef.AbandonGoal("order cancelled")
+    return "shipped"
+
+
+def test_an_irreversible_effect_is_answered_by_a_business_follow_up_step(
+    rt: ef.Runtime, w: World
+) -> None:
+    """An email cannot be unsent: the workflow sends a correction as a normal step; both stay."""
+    run = rt.start(correction, run_id="c1")
+    assert run.status is R.CANCELLED_WITH_EFFECTS
+    first, second = effect_of(rt, "c1", "email"), effect_of(rt, "c1", "correction")
+    assert (first.status, second.status) == (S.CONFIRMED, S.CONFIRMED)
+    assert first.compensates is None
+    assert second.compensates is None
+    bodies = [m["body"] for m in w.mail.messages()]
+    assert bodies == ["Your order ships tomorrow", "Correction: it will not ship"]
