@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import time
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -415,10 +416,9 @@ def test_apply_many_commits_good_batches_and_reports_refused_ones(store: LedgerS
         now=T0 + 1,
     )
 
-    assert results[0] is None
-    assert isinstance(results[1], errors.IdempotencyConflict)
-    assert isinstance(results[2], errors.LeaseLost)
-    assert results[3] is None
+    assert [r.error for r in (results[0], results[3])] == [None, None]
+    assert isinstance(results[1].error, errors.IdempotencyConflict)
+    assert isinstance(results[2].error, errors.LeaseLost)
     assert [s.step_id for s in store.steps("r1")] == ["send"]
     assert [s.step_id for s in store.steps("r4")] == ["send"]
     assert snapshot(store, "r2") == before_r2
@@ -583,3 +583,59 @@ def test_decisions_are_pinned(store: LedgerStore) -> None:
     store.apply(batch, lease_ttl=TTL, now=T0)
     assert store.get_decision("dec_1") == decision
     assert store.get_decision("dec_2") is None
+
+
+# -- workers ----------------------------------------------------------------------------------------
+
+
+def test_claim_runnable_leases_unleased_and_expired_runs_once(store: LedgerStore) -> None:
+    """Runs for workers (no lease) and runs whose lease expired are claimed, each by one worker,
+    with a new token; a live lease and a paused run are left alone."""
+    for run_id in ("free", "expired", "held", "paused"):
+        create_run(store, run_id)
+    held = claim(store, "held")
+    expired = store.claim("expired", owner="dead", expected_token=0, ttl=1, now=T0)
+    assert expired is not None
+    pause = Batch("paused", lease_token=None)
+    pause.run_changes.update(status="paused")
+    store.apply(pause, lease_ttl=TTL, now=T0)
+
+    first = store.claim_runnable(owner="w1", ttl=30, now=T0 + 10, limit=10)
+    second = store.claim_runnable(owner="w2", ttl=30, now=T0 + 10, limit=10)
+    assert sorted(r.run_id for r in first) == ["expired", "free"]
+    assert second == []
+    by_id = {r.run_id: r for r in first}
+    assert by_id["expired"].lease_token == expired.lease_token + 1
+    assert by_id["free"].lease_owner == "w1"
+    assert store.get_run("held") == held
+    # The former owner of "expired" can no longer write.
+    with pytest.raises(errors.LeaseLost):
+        store.apply(intent_batch(expired), lease_ttl=TTL, now=T0 + 11)
+
+
+def test_claim_runnable_respects_the_limit_oldest_first(store: LedgerStore) -> None:
+    for i, run_id in enumerate(("a", "b", "c")):
+        create_run(store, run_id, created_at=T0 + i)
+    claimed = store.claim_runnable(owner="w", ttl=30, now=T0 + 10, limit=2)
+    assert [r.run_id for r in claimed] == ["a", "b"]
+
+
+def test_heartbeat_extends_held_leases_and_reports_lost_ones(store: LedgerStore) -> None:
+    for run_id in ("mine", "taken"):
+        create_run(store, run_id)
+    mine = claim(store, "mine")
+    taken = claim(store, "taken")
+    store.claim("taken", owner="other", expected_token=taken.lease_token, ttl=TTL, now=T0)
+    lost = store.heartbeat(
+        [("mine", mine.lease_token), ("taken", taken.lease_token)], ttl=100, now=T0 + 5
+    )
+    assert lost == ["taken"]
+    renewed = store.get_run("mine")
+    assert renewed is not None
+    assert renewed.lease_expires_at == T0 + 105
+
+
+def test_wait_for_work_returns_within_its_timeout(store: LedgerStore) -> None:
+    started = time.monotonic()
+    store.wait_for_work(0.05)
+    assert time.monotonic() - started < 2.0

@@ -13,6 +13,7 @@ import json
 import os
 import sqlite3
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from importlib import resources
@@ -24,7 +25,13 @@ from effectflow import digests, errors
 from effectflow.ledger import audit as audit_chain
 from effectflow.ledger import records
 from effectflow.ledger.local import LocalTransaction
-from effectflow.ledger.store import AuditProblem, Batch, DecisionRecord, OperationBinding
+from effectflow.ledger.store import (
+    Applied,
+    AuditProblem,
+    Batch,
+    DecisionRecord,
+    OperationBinding,
+)
 
 T = TypeVar("T")
 
@@ -166,6 +173,8 @@ class SQLiteStore:
         self.path = path
         #: The ``PRAGMA synchronous`` mode in force (FULL survives power loss).
         self.synchronous = _SYNC_MODES[sync]
+        #: How long an idle worker sleeps between looks for work (no LISTEN/NOTIFY in SQLite).
+        self.poll_interval = float(options.get("poll_interval", 0.1))
         if path != ":memory:":
             Path(path).parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.RLock()
@@ -242,22 +251,55 @@ class SQLiteStore:
 
     def apply_many(
         self, batches: Sequence[Batch], *, lease_ttl: float, now: float
-    ) -> list[Exception | None]:
+    ) -> list[Applied]:
         """Group commit: every batch in one transaction, each inside a savepoint so one refused
         batch does not sink the others."""
-        results: list[Exception | None] = []
+        results: list[Applied] = []
         with self._write() as conn:
             for batch in batches:
                 conn.execute("SAVEPOINT batch")
                 try:
-                    self._apply_txn(conn, batch, lease_ttl=lease_ttl, now=now)
-                except (errors.LeaseLost, errors.IdempotencyConflict) as exc:
+                    control = self._apply_txn(conn, batch, lease_ttl=lease_ttl, now=now)
+                except (errors.LeaseLost, errors.IdempotencyConflict, errors.RunNotFound) as exc:
                     conn.execute("ROLLBACK TO batch")
-                    results.append(exc)
+                    results.append(Applied(error=exc))
                 else:
-                    results.append(None)
+                    results.append(Applied(control=control))
                 conn.execute("RELEASE batch")
         return results
+
+    def claim_runnable(
+        self, *, owner: str, ttl: float, now: float, limit: int
+    ) -> list[records.RunRecord]:
+        """Lease runnable runs (``BEGIN IMMEDIATE`` serializes claimers on one file)."""
+        with self._write() as conn:
+            rows = conn.execute(
+                "UPDATE runs SET lease_owner = ?, lease_token = lease_token + 1, "
+                "lease_expires_at = ? WHERE run_id IN (SELECT run_id FROM runs "
+                "WHERE status IN ('running', 'cancelling') "
+                "AND (lease_expires_at IS NULL OR lease_expires_at < ?) "
+                "ORDER BY created_at LIMIT ?) RETURNING *",
+                (owner, now + ttl, now, limit),
+            ).fetchall()
+        return sorted((_run(r) for r in rows), key=lambda r: r.created_at)
+
+    def heartbeat(self, leases: Sequence[tuple[str, int]], *, ttl: float, now: float) -> list[str]:
+        """Extend held leases; report the lost ones."""
+        lost = []
+        with self._write() as conn:
+            for run_id, token in leases:
+                row = conn.execute(
+                    "UPDATE runs SET lease_expires_at = ? WHERE run_id = ? AND lease_token = ? "
+                    "RETURNING run_id",
+                    (now + ttl, run_id, token),
+                ).fetchone()
+                if row is None:
+                    lost.append(run_id)
+        return lost
+
+    def wait_for_work(self, timeout: float) -> None:
+        """SQLite has no notifications: sleep a short poll interval."""
+        time.sleep(max(0.0, min(timeout, self.poll_interval)))
 
     def _apply_txn(
         self, conn: sqlite3.Connection, batch: Batch, *, lease_ttl: float, now: float

@@ -167,6 +167,16 @@ class Batch:
 
 
 @dataclasses.dataclass(frozen=True)
+class Applied:
+    """What became of one batch of a group commit."""
+
+    #: Why the batch was refused (nothing of it was written), or None.
+    error: Exception | None = None
+    #: The run's control request (cancel / compensate), when it has one.
+    control: dict[str, Any] | None = None
+
+
+@dataclasses.dataclass(frozen=True)
 class AuditProblem:
     """A place where the audit log does not verify."""
 
@@ -206,10 +216,33 @@ class LedgerStore(Protocol):
 
     def apply_many(
         self, batches: Sequence[Batch], *, lease_ttl: float, now: float
-    ) -> list[Exception | None]:
-        """Commit several runs' batches in as few transactions as possible (group commit).
+    ) -> list[Applied]:
+        """Commit several runs' batches in one transaction (group commit), each in a savepoint.
 
-        Returns, per batch, None or the error that refused it (the others still commit).
+        Returns, per batch, what ``apply`` would have: its run's control request, or the error
+        (``LeaseLost``, ``IdempotencyConflict``) that refused it while the others still commit.
+        """
+        ...
+
+    def claim_runnable(
+        self, *, owner: str, ttl: float, now: float, limit: int
+    ) -> list[records.RunRecord]:
+        """Lease up to ``limit`` runs a worker should execute: ``running`` or ``cancelling`` runs
+        with no lease or an expired one, oldest first. Each claimed run's token is bumped (so a
+        former owner's writes are refused). Concurrent workers never claim the same run
+        (PostgreSQL: ``FOR UPDATE SKIP LOCKED``; SQLite: ``BEGIN IMMEDIATE``)."""
+        ...
+
+    def heartbeat(self, leases: Sequence[tuple[str, int]], *, ttl: float, now: float) -> list[str]:
+        """Extend the leases ``(run_id, token)`` a worker holds; returns the run ids whose token is
+        no longer current (the worker lost them and must stop writing for them)."""
+        ...
+
+    def wait_for_work(self, timeout: float) -> None:
+        """Block until a run may have become runnable, or ``timeout`` seconds.
+
+        PostgreSQL wakes on ``LISTEN``/``NOTIFY`` (a run created for workers, a lease released);
+        SQLite has no notifications and sleeps a short poll interval instead.
         """
         ...
 
