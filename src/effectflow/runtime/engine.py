@@ -112,6 +112,8 @@ class StepMachine(SettleMixin, SimpleStepsMixin):
         if st.control is not None and self.compensates is None:
             # An operator asked to cancel or compensate: no new step starts.
             raise requests.Stop(st.control)
+        if st.runtime.draining and self.compensates is None:
+            raise requests.Release()
         st.seen.add(self.step_id)
         sc = self.step_contract
         if (

@@ -93,6 +93,11 @@ class Stop(BaseException):
         self.control = control
 
 
+class Release(BaseException):
+    """Unwinds the workflow at a step boundary because the process is shutting down (SIGTERM):
+    the run keeps everything recorded and is released for another worker."""
+
+
 def new_id(prefix: str) -> str:
     """A random, sortable-enough id with a readable prefix."""
     return f"{prefix}_{uuid.uuid4().hex[:20]}"

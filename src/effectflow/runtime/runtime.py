@@ -24,6 +24,8 @@ from effectflow.ledger.local import LocalTransaction
 from effectflow.ledger.records import NextAction, RunStatus, StepStatus
 from effectflow.ledger.store import AuditProblem, Batch, LedgerStore, open_store
 from effectflow.runtime import context, ending, people, requests
+from effectflow.runtime import group_commit as group_commit_mod
+from effectflow.runtime import leases as leases_mod
 from effectflow.runtime import state as state_mod
 from effectflow.runtime.faults import NO_FAULTS, FaultPlan
 
@@ -84,6 +86,7 @@ class Runtime:
         clock: Callable[[], float] = time.time,
         lease_ttl: float = 300.0,
         registry: registry_module.Registry | None = None,
+        group_commit: bool = True,
     ) -> None:
         if not tenant or not isinstance(tenant, str):
             raise errors.ContractError("tenant must be a non-empty string")
@@ -101,11 +104,22 @@ class Runtime:
         self.registry = registry or registry_module.DEFAULT
         #: This process's identity as a lease owner.
         self.owner = f"{_host()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        #: The runs this runtime executes now, and the heartbeat renewing their leases.
+        self.leases = leases_mod.Leases(self)
+        #: Shares transactions between the writes of runs executed concurrently (None: off).
+        self.committer = (
+            group_commit_mod.GroupCommitter(self.store, lease_ttl=lease_ttl, clock=clock)
+            if group_commit
+            else None
+        )
+        #: Set when the process is shutting down: runs stop at their next step and are released.
+        self.draining = False
 
     # -- lifecycle ------------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Close the ledger."""
+        """Stop the heartbeat and close the ledger."""
+        self.leases.close()
         self.store.close()
 
     def __enter__(self) -> Runtime:
@@ -124,25 +138,26 @@ class Runtime:
         Starting with the id of an existing run and the same input returns that run (driving it on
         if it was interrupted); with another input it raises ``IdempotencyConflict``.
         """
-        run = self._create(workflow, run_id, input)
+        run, fresh = self._create(workflow, run_id, input, leased=True)
         if run.status is not RunStatus.RUNNING:
             return run
-        return self._drive(run, workflow)
+        return self._drive(run, workflow, claimed=fresh)
 
     async def start_async(
         self, workflow: Workflow[..., Any], /, *, run_id: str | None = None, **input: Any
     ) -> records.RunRecord:
         """The asyncio twin of ``start`` (async workflows run on the caller's loop)."""
-        run = self._create(workflow, run_id, input)
+        run, fresh = self._create(workflow, run_id, input, leased=True)
         if run.status is not RunStatus.RUNNING:
             return run
-        return await self._drive_async(run, workflow)
+        return await self._drive_async(run, workflow, claimed=fresh)
 
     def submit(
         self, workflow: Workflow[..., Any], /, *, run_id: str | None = None, **input: Any
     ) -> records.RunRecord:
-        """Record a run without executing it; ``recover`` (or a worker) picks it up."""
-        return self._create(workflow, run_id, input)
+        """Record a run without executing it; a worker (``effectflow worker``) or ``recover`` picks
+        it up."""
+        return self._create(workflow, run_id, input, leased=False)[0]
 
     def resume(self, run_id: str, *, by: str = "runtime") -> records.RunRecord:
         """Continue a run: an interrupted one, a paused one, or (redrive) a failed one.
@@ -443,8 +458,18 @@ class Runtime:
         return run
 
     def _create(
-        self, workflow: Workflow[..., Any], run_id: str | None, input: dict[str, Any]
-    ) -> records.RunRecord:
+        self,
+        workflow: Workflow[..., Any],
+        run_id: str | None,
+        input: dict[str, Any],
+        *,
+        leased: bool,
+    ) -> tuple[records.RunRecord, bool]:
+        """The run (created now, or the existing one with this id) and whether it was created.
+
+        A run started in this process is created already leased to it, so no worker can take it
+        between its creation and its first step (and no second commit is needed to claim it).
+        """
         if not isinstance(workflow, Workflow):
             raise errors.ContractError(
                 f"{workflow!r} is not a workflow; decorate it with @ef.workflow(name)"
@@ -464,7 +489,7 @@ class Runtime:
                     f"run {run_id} was started with another input; a new request needs a new run id",
                     run_id=run_id,
                 )
-            return existing
+            return existing, False
         now = self.clock()
         run = records.RunRecord(
             run_id=run_id,
@@ -480,6 +505,9 @@ class Runtime:
             generation=0,
             created_at=now,
             updated_at=now,
+            lease_owner=self.owner if leased else None,
+            lease_token=1 if leased else 0,
+            lease_expires_at=now + self.lease_ttl if leased else None,
         )
         batch = Batch(run_id, lease_token=None, new_run=run)
         batch.event("run_started", now, workflow=workflow.name, input_digest=input_digest)
@@ -488,9 +516,9 @@ class Runtime:
         except Exception:
             raced = self.store.get_run(run_id)
             if raced is not None and raced.input_digest == input_digest:
-                return raced
+                return raced, False
             raise
-        return run
+        return run, True
 
     def _reopen(self, run: records.RunRecord, *, by: str) -> records.RunRecord:
         """A paused or failed run becomes running again, in a new generation."""
@@ -538,9 +566,18 @@ class Runtime:
         return claimed
 
     def commit(self, state: state_mod.RunState, batch: Batch) -> None:
-        """Make a batch durable under the run's lease (the drivers call this)."""
+        """Make a batch durable under the run's lease (the drivers call this); with group commit,
+        in the same transaction as the batches other runs commit at the same time."""
+        if state.lease_lost:
+            raise errors.LeaseLost(
+                f"run {state.run.run_id}: another worker took the lease over; writing nothing",
+                run_id=state.run.run_id,
+            )
         batch.lease_token = state.run.lease_token
-        control = self.store.apply(batch, lease_ttl=self.lease_ttl, now=self.clock())
+        if self.committer is not None:
+            control = self.committer.commit(batch)
+        else:
+            control = self.store.apply(batch, lease_ttl=self.lease_ttl, now=self.clock())
         if control is not None:
             state.control = control
 
@@ -564,16 +601,29 @@ class Runtime:
             state.control = control
         return value
 
-    def _prepare(self, run: records.RunRecord, workflow: Workflow[..., Any]) -> state_mod.RunState:
-        claimed = self._claim(run)
-        return state_mod.RunState(
-            self, claimed, workflow, self.store.steps(run.run_id), self.faults
-        )
+    def _prepare(
+        self, run: records.RunRecord, workflow: Workflow[..., Any], *, claimed: bool = False
+    ) -> state_mod.RunState:
+        """The in-memory state of a run this process now holds (claiming it unless it already
+        did: a run it just created, or one a worker claimed in bulk)."""
+        held = run if claimed else self._claim(run)
+        # A run created by this very call has no steps yet: skip the read.
+        fresh = claimed and run.lease_owner == self.owner and run.lease_token == 1
+        steps = [] if fresh else self.store.steps(run.run_id)
+        state = state_mod.RunState(self, held, workflow, steps, self.faults)
+        self.leases.hold(state)
+        return state
 
-    def _drive(self, run: records.RunRecord, workflow: Workflow[..., Any]) -> records.RunRecord:
+    def _drive(
+        self, run: records.RunRecord, workflow: Workflow[..., Any], *, claimed: bool = False
+    ) -> records.RunRecord:
         if workflow.is_async:
-            return asyncio.run(self._drive_async(run, workflow))
-        return self._execute(self._prepare(run, workflow), workflow)
+            return asyncio.run(self._drive_async(run, workflow, claimed=claimed))
+        state = self._prepare(run, workflow, claimed=claimed)
+        try:
+            return self._execute(state, workflow)
+        finally:
+            self.leases.drop(state)
 
     def _execute(
         self, state: state_mod.RunState, workflow: Workflow[..., Any]
@@ -589,6 +639,8 @@ class Runtime:
                 continue
             except requests.Stop:
                 continue
+            except requests.Release:
+                return self._release(state)
             except requests.Suspend:
                 return self._require_run(state.run.run_id)
             except errors.LeaseLost:
@@ -602,6 +654,15 @@ class Runtime:
                 continue  # a cancel arrived with the last step's write: honour it
             return self._finish_ok(state, output)
 
+    def _release(self, state: state_mod.RunState) -> records.RunRecord:
+        """The process is shutting down between two steps: keep what is recorded, give the lease up
+        so another worker continues the run at once."""
+        pending = state.batch()
+        if not pending.empty:
+            self.commit(state, pending)
+        self.store.release(state.run.run_id, token=state.run.lease_token)
+        return self._require_run(state.run.run_id)
+
     def _abandon(self, state: state_mod.RunState, exc: errors.AbandonGoal) -> None:
         """The workflow gave its goal up: record that, so a crash from here on compensates rather
         than re-running the workflow."""
@@ -614,9 +675,18 @@ class Runtime:
         state.control = control
 
     async def _drive_async(
-        self, run: records.RunRecord, workflow: Workflow[..., Any]
+        self, run: records.RunRecord, workflow: Workflow[..., Any], *, claimed: bool = False
     ) -> records.RunRecord:
-        state = self._prepare(run, workflow)
+        state = self._prepare(run, workflow, claimed=claimed)
+        try:
+            return await self._execute_async(state, workflow)
+        finally:
+            self.leases.drop(state)
+
+    async def _execute_async(
+        self, state: state_mod.RunState, workflow: Workflow[..., Any]
+    ) -> records.RunRecord:
+        run = state.run
         if not workflow.is_async:
             return await asyncio.to_thread(self._execute, state, workflow)
         while True:
@@ -629,6 +699,8 @@ class Runtime:
                 continue
             except requests.Stop:
                 continue
+            except requests.Release:
+                return self._release(state)
             except requests.Suspend:
                 return self._require_run(run.run_id)
             except errors.LeaseLost:

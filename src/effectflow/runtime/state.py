@@ -41,6 +41,8 @@ class RunState:
         self._attempts: dict[str, list[records.AttemptRecord]] = {}
         #: An operator's cancel/compensate request, learnt from the ledger with each write.
         self.control: dict[str, Any] | None = run.control
+        #: Set by the heartbeat when another worker took the lease over: write nothing more.
+        self.lease_lost = False
 
     @property
     def now(self) -> Callable[[], float]:

@@ -1,0 +1,88 @@
+"""Keeping the leases of the runs this process executes alive while their calls take time.
+
+Every ledger write renews its run's lease, but a single tool call may outlast the lease (a slow
+provider, a long deploy). A heartbeat thread renews the leases of every run held here every third
+of the TTL, and learns of any lease another worker took over: that run's state is marked lost, so
+the process stops at its next write (which the fencing token would refuse anyway).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import TYPE_CHECKING
+
+from effectflow.runtime import state as state_mod
+
+if TYPE_CHECKING:
+    from effectflow.runtime.runtime import Runtime
+
+log = logging.getLogger(__name__)
+
+
+class Leases:
+    """The runs this runtime holds, and the heartbeat that keeps their leases."""
+
+    def __init__(self, runtime: Runtime) -> None:
+        self._runtime = runtime
+        self._held: dict[str, state_mod.RunState] = {}
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._closed = False
+
+    def hold(self, state: state_mod.RunState) -> None:
+        """Start renewing ``state``'s lease."""
+        with self._lock:
+            self._held[state.run.run_id] = state
+            if self._thread is None and not self._closed:
+                self._thread = threading.Thread(
+                    target=self._beat, name="effectflow-heartbeat", daemon=True
+                )
+                self._thread.start()
+
+    def drop(self, state: state_mod.RunState) -> None:
+        """Stop renewing ``state``'s lease (the run ended, paused, or was released)."""
+        with self._lock:
+            if self._held.get(state.run.run_id) is state:
+                del self._held[state.run.run_id]
+
+    def held(self) -> list[state_mod.RunState]:
+        """The states of the runs held now."""
+        with self._lock:
+            return list(self._held.values())
+
+    def beat(self) -> list[str]:
+        """Renew every held lease once; returns the run ids found lost."""
+        states = self.held()
+        if not states:
+            return []
+        rt = self._runtime
+        lost = rt.store.heartbeat(
+            [(s.run.run_id, s.run.lease_token) for s in states],
+            ttl=rt.lease_ttl,
+            now=rt.clock(),
+        )
+        for run_id in lost:
+            for state in states:
+                if state.run.run_id == run_id:
+                    state.lease_lost = True
+            log.warning("lease of run %s was taken over; this process stops writing it", run_id)
+        return lost
+
+    def close(self) -> None:
+        """Stop the heartbeat thread."""
+        with self._lock:
+            self._closed = True
+            thread, self._thread = self._thread, None
+        self._wake.set()
+        if thread is not None:
+            thread.join(timeout=5)
+
+    def _beat(self) -> None:
+        interval = max(0.05, self._runtime.lease_ttl / 3)
+        while not self._wake.wait(interval):
+            try:
+                self.beat()
+            except Exception:  # a transient database error: the next beat tries again
+                log.exception("lease heartbeat failed")
