@@ -14,6 +14,7 @@ from typing import Annotated
 import typer
 
 from effectflow.cli import contracts as contracts_cli
+from effectflow.cli import worker as worker_cli
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
@@ -31,6 +32,7 @@ audit_app = typer.Typer(
     help="Inspect the append-only, hash-chained audit log.", no_args_is_help=True
 )
 app.add_typer(audit_app, name="audit")
+app.command("worker")(worker_cli.worker)
 
 DbOption = Annotated[
     str,

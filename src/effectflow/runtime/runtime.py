@@ -614,6 +614,12 @@ class Runtime:
         self.leases.hold(state)
         return state
 
+    def drive_claimed(
+        self, run: records.RunRecord, workflow: Workflow[..., Any]
+    ) -> records.RunRecord:
+        """Execute a run this process already leased (a worker's bulk claim)."""
+        return self._drive(run, workflow, claimed=True)
+
     def _drive(
         self, run: records.RunRecord, workflow: Workflow[..., Any], *, claimed: bool = False
     ) -> records.RunRecord:

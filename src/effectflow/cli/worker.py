@@ -1,0 +1,113 @@
+"""``effectflow worker``: a long-running worker process over a shared ledger."""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+import signal
+import sys
+from types import FrameType
+from typing import Annotated, Any
+
+import typer
+
+from effectflow import errors
+
+
+def load_app(spec: str) -> Any:
+    """Import ``module`` or ``module:object`` so the application's tools and workflows register.
+
+    Raises:
+        typer.BadParameter: the module or the object cannot be found (a usage error).
+    """
+    module_name, _, attr = spec.partition(":")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise typer.BadParameter(
+            f"cannot import {module_name!r}: {exc}", param_hint="--app"
+        ) from exc
+    if not attr:
+        return module
+    try:
+        return getattr(module, attr)
+    except AttributeError:
+        raise typer.BadParameter(
+            f"module {module_name!r} has no {attr!r}", param_hint="--app"
+        ) from None
+
+
+def worker(
+    app: Annotated[
+        str,
+        typer.Option(
+            "--app",
+            help="The application to import, module or module:object, so its tools and "
+            "workflows are registered (e.g. myapp.flows).",
+        ),
+    ],
+    db: Annotated[
+        str,
+        typer.Option("--db", envvar="EFFECTFLOW_DB", help="Ledger URL shared by the workers."),
+    ] = "sqlite:///effectflow.db",
+    concurrency: Annotated[
+        int, typer.Option("--concurrency", min=1, help="Runs executed at once.")
+    ] = 8,
+    lease_ttl: Annotated[
+        float,
+        typer.Option(
+            "--lease-ttl", min=0.5, help="Seconds a lease lasts without a heartbeat renewing it."
+        ),
+    ] = 30.0,
+    until_idle: Annotated[
+        bool, typer.Option("--until-idle", help="Exit once no run is left to execute.")
+    ] = False,
+    group_commit: Annotated[
+        bool, typer.Option(" /--no-group-commit", help="Commit every write on its own.")
+    ] = True,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log each run.")] = False,
+) -> None:
+    """Claim runnable runs from the ledger and execute them; SIGTERM drains and exits.
+
+    Runs are leased (PostgreSQL: FOR UPDATE SKIP LOCKED), the leases are renewed by heartbeat,
+    every write is fenced by the lease token, and runs whose worker died are taken over once their
+    lease expires. On SIGTERM or Ctrl-C the worker stops claiming, lets each run reach its next
+    step boundary, releases it for another worker, and exits 0.
+    """
+    import effectflow as ef
+    from effectflow.contracts.registry import Registry
+    from effectflow.runtime.worker import Worker
+
+    logging.basicConfig(
+        level=logging.INFO if verbose else logging.WARNING,
+        format="%(asctime)s %(process)d %(levelname)s %(name)s: %(message)s",
+    )
+    loaded = load_app(app)
+    registry = loaded if isinstance(loaded, Registry) else None
+    try:
+        rt = ef.Runtime(db, lease_ttl=lease_ttl, registry=registry, group_commit=group_commit)
+    except errors.EffectflowError as exc:
+        typer.echo(f"effectflow worker: {exc}", err=True)
+        raise typer.Exit(2) from None
+    runner = Worker(rt, concurrency=concurrency)
+
+    def drain(signum: int, frame: FrameType | None) -> None:
+        logging.getLogger("effectflow.worker").warning(
+            "signal %d: draining (no new runs; runs in progress are released at their next step)",
+            signum,
+        )
+        runner.stop()
+
+    signal.signal(signal.SIGTERM, drain)
+    signal.signal(signal.SIGINT, drain)
+    try:
+        stats = runner.run(until_idle=until_idle)
+    finally:
+        rt.close()
+    typer.echo(
+        f"worker {rt.owner}: claimed {stats.claimed}, finished {stats.finished}, "
+        f"released {stats.released}, lost {stats.lost}, crashed {stats.crashed}"
+    )
