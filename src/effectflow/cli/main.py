@@ -14,6 +14,7 @@ from typing import Annotated
 import typer
 
 from effectflow.cli import contracts as contracts_cli
+from effectflow.cli import testing as testing_cli
 from effectflow.cli import worker as worker_cli
 
 EXIT_OK = 0
@@ -28,6 +29,7 @@ app = typer.Typer(
     add_completion=False,
 )
 app.add_typer(contracts_cli.app, name="contracts")
+app.add_typer(testing_cli.app, name="testing")
 audit_app = typer.Typer(
     help="Inspect the append-only, hash-chained audit log.", no_args_is_help=True
 )
