@@ -352,10 +352,12 @@ class LedgerStore(Protocol):
 def open_store(url: str) -> LedgerStore:
     """Open the backend a URL names, importing its driver only then.
 
-    ``sqlite:///relative.db``, ``sqlite:////absolute.db``, or a plain file path use SQLite.
+    ``sqlite:///relative.db``, ``sqlite:////absolute.db``, or a plain file path use SQLite;
+    ``postgresql://user@host:5432/db`` (or ``postgres://``) uses PostgreSQL.
 
     Raises:
-        errors.ContractError: for a URL no backend understands.
+        errors.ContractError: for a URL no backend understands, or a backend whose driver is not
+            installed.
     """
     scheme = urlparse(url).scheme if "://" in url else ""
     if scheme in ("", "sqlite", "file"):
@@ -363,9 +365,14 @@ def open_store(url: str) -> LedgerStore:
 
         return sqlite.SQLiteStore(url)
     if scheme in ("postgres", "postgresql"):
-        raise errors.ContractError(
-            f"{url!r}: the PostgreSQL backend is not available in this version; use sqlite:///file.db"
-        )
+        try:
+            from effectflow.ledger import postgres
+        except ImportError as exc:
+            raise errors.ContractError(
+                f"a {scheme}:// ledger needs psycopg 3 and psycopg-pool ({exc}); install them "
+                "with: pip install 'psycopg[binary]>=3.2,<4' 'psycopg-pool>=3.2,<4'"
+            ) from exc
+        return postgres.PostgresStore(url)
     raise errors.ContractError(
         f"{url!r}: unknown ledger URL scheme {scheme!r}; use sqlite:///path.db or postgresql://..."
     )

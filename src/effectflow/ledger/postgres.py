@@ -1,0 +1,880 @@
+"""The PostgreSQL ledger: psycopg 3 and a connection pool, for many workers on many machines.
+
+Every batch is one transaction on a pooled connection. Writers of one run serialize on the run's row:
+a fenced batch takes it with ``UPDATE ... WHERE lease_token = ... RETURNING`` and an unfenced one
+with ``SELECT ... FOR UPDATE``, so the audit head it extends cannot move under it; writers of
+different runs never wait for each other. Claimers skip the rows other claimers hold
+(``FOR UPDATE SKIP LOCKED``), and a transaction that leaves a run waiting for a worker sends
+``NOTIFY effectflow_runnable``, which ``wait_for_work`` listens for on a connection of its own.
+
+Records read back identical to SQLite's: times are DOUBLE PRECISION epoch seconds, JSON columns are
+jsonb, and the audit detail stays the exact canonical JSON text that was hashed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import itertools
+import json
+import threading
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from importlib import resources
+from typing import Any, TypeVar
+from urllib.parse import parse_qsl, urlparse, urlunparse
+
+import psycopg
+import psycopg_pool
+from psycopg import conninfo as pg_conninfo
+from psycopg.rows import TupleRow, dict_row
+from psycopg.types.json import Jsonb
+
+from effectflow import digests, errors
+from effectflow.ledger import audit as audit_chain
+from effectflow.ledger import records
+from effectflow.ledger.local import LocalTransaction
+from effectflow.ledger.store import (
+    Applied,
+    AuditProblem,
+    Batch,
+    DecisionRecord,
+    OperationBinding,
+)
+
+T = TypeVar("T")
+Row = dict[str, Any]
+Connection = psycopg.Connection[TupleRow]
+
+#: The channel a transaction notifies when it leaves a run for workers; the payload is the run id.
+CHANNEL = "effectflow_runnable"
+#: The advisory lock migrations run under, so processes starting at once apply each one once.
+_MIGRATION_LOCK = int.from_bytes(b"effmigr8", "big") >> 1
+#: Statuses in which a step's key binding must be kept even past retention.
+_UNSETTLED = [
+    str(status)
+    for status in (
+        records.StepStatus.INTENT_RECORDED,
+        records.StepStatus.UNKNOWN,
+        records.StepStatus.NEEDS_ATTENTION,
+        records.StepStatus.NOT_COMMITTED,
+        records.StepStatus.AWAITING_COMPLETION,
+    )
+]
+#: URL query options the store reads itself; every other one goes to libpq as is.
+_OWN_OPTIONS = ("pool_max",)
+
+
+def parse_url(url: str) -> tuple[str, dict[str, str]]:
+    """The libpq connection URL and the store's own options of a ``postgresql://`` URL."""
+    parsed = urlparse(url)
+    if parsed.scheme not in ("postgres", "postgresql"):
+        raise errors.ContractError(f"{redacted(url)!r}: not a postgresql:// URL")
+    # libpq's options pass through as written (decoding and encoding again would turn a space
+    # into a "+", which libpq does not read back as a space).
+    pieces = [piece for piece in parsed.query.split("&") if piece]
+    ours = [piece for piece in pieces if piece.split("=", 1)[0] in _OWN_OPTIONS]
+    theirs = "&".join(piece for piece in pieces if piece not in ours)
+    return urlunparse(parsed._replace(query=theirs)), dict(parse_qsl("&".join(ours)))
+
+
+def redacted(url: str) -> str:
+    """The URL without its password, fit for messages and logs."""
+    parsed = urlparse(url)
+    if parsed.password is None:
+        return url
+    netloc = parsed.netloc.replace(f":{parsed.password}@", ":***@", 1)
+    return urlunparse(parsed._replace(netloc=netloc))
+
+
+# Each record maps to a table whose columns are its fields; JSON fields live in ``*_json`` columns.
+_JSON_FIELDS = {"input", "output", "error", "evidence", "control"}
+
+
+def _column(field: str) -> str:
+    return f"{field}_json" if field in _JSON_FIELDS else field
+
+
+def _fields(cls: type[Any]) -> list[str]:
+    return [f.name for f in dataclasses.fields(cls)]
+
+
+_RUN_FIELDS = _fields(records.RunRecord)
+_STEP_FIELDS = _fields(records.StepRecord)
+_ATTEMPT_FIELDS = _fields(records.AttemptRecord)
+_EFFECT_FIELDS = _fields(records.EffectRecord)
+_DECISION_FIELDS = _fields(DecisionRecord)
+_APPROVAL_FIELDS = _fields(records.ApprovalRecord)
+_OPERATION_FIELDS = _fields(OperationBinding)
+
+
+def _insert_sql(table: str, fields: list[str]) -> str:
+    cols = [_column(f) for f in fields]
+    return f"INSERT INTO {table} ({', '.join(cols)}) VALUES ({', '.join('%s' for _ in cols)})"
+
+
+def _upsert_sql(table: str, fields: list[str], keys: tuple[str, ...]) -> str:
+    updates = ", ".join(f"{c} = excluded.{c}" for c in map(_column, fields) if c not in keys)
+    return f"{_insert_sql(table, fields)} ON CONFLICT ({', '.join(keys)}) DO UPDATE SET {updates}"
+
+
+_UPSERT_STEP = _upsert_sql("steps", _STEP_FIELDS, ("run_id", "step_id"))
+_UPSERT_ATTEMPT = _upsert_sql("attempts", _ATTEMPT_FIELDS, ("attempt_id",))
+_UPSERT_EFFECT = _upsert_sql("effects", _EFFECT_FIELDS, ("effect_id",))
+_INSERT_DECISION = _insert_sql("decisions", _DECISION_FIELDS)
+_INSERT_APPROVAL = _insert_sql("approvals", _APPROVAL_FIELDS)
+_BIND_OPERATION = (
+    _insert_sql("operations", _OPERATION_FIELDS) + " ON CONFLICT DO NOTHING RETURNING tenant"
+)
+_RUN_COLUMNS = [_column(f) for f in _RUN_FIELDS]
+_INSERT_RUN = (
+    f"INSERT INTO runs ({', '.join(_RUN_COLUMNS)}, audit_head, audit_count) "
+    f"VALUES ({', '.join('%s' for _ in _RUN_COLUMNS)}, %s, 0)"
+)
+_INSERT_AUDIT = (
+    "INSERT INTO audit (run_id, step_id, effect_id, kind, actor, detail_json, at, prev_hash, hash) "
+    "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)"
+)
+
+
+def _json(value: Any) -> Jsonb | None:
+    return None if value is None else Jsonb(value, dumps=digests.canonical_json)
+
+
+def _value(field: str, value: Any) -> Any:
+    return _json(value) if field in _JSON_FIELDS else value
+
+
+def _row_values(record: Any, fields: list[str]) -> list[Any]:
+    return [_value(field, getattr(record, field)) for field in fields]
+
+
+def _from_row(cls: type[T], fields: list[str], row: Row) -> T:
+    # jsonb columns arrive decoded by psycopg.
+    return cls(**{f: row[_column(f)] for f in fields})
+
+
+def _run(row: Row) -> records.RunRecord:
+    run = _from_row(records.RunRecord, _RUN_FIELDS, row)
+    return dataclasses.replace(
+        run, status=records.RunStatus(run.status), next_action=records.NextAction(run.next_action)
+    )
+
+
+def _step(row: Row) -> records.StepRecord:
+    step = _from_row(records.StepRecord, _STEP_FIELDS, row)
+    return dataclasses.replace(
+        step,
+        status=records.StepStatus(step.status),
+        next_action=records.NextAction(step.next_action),
+    )
+
+
+def _attempt(row: Row) -> records.AttemptRecord:
+    att = _from_row(records.AttemptRecord, _ATTEMPT_FIELDS, row)
+    return dataclasses.replace(
+        att,
+        kind=records.AttemptKind(att.kind),
+        outcome=None if att.outcome is None else records.Outcome(att.outcome),
+    )
+
+
+def _effect(row: Row) -> records.EffectRecord:
+    eff = _from_row(records.EffectRecord, _EFFECT_FIELDS, row)
+    return dataclasses.replace(
+        eff,
+        status=records.StepStatus(eff.status),
+        next_action=records.NextAction(eff.next_action),
+    )
+
+
+def _event(row: Row) -> records.AuditEvent:
+    return records.AuditEvent(
+        seq=row["seq"],
+        run_id=row["run_id"],
+        step_id=row["step_id"],
+        effect_id=row["effect_id"],
+        kind=row["kind"],
+        actor=row["actor"],
+        detail=json.loads(row["detail_json"]),
+        at=row["at"],
+        prev_hash=row["prev_hash"],
+        hash=row["hash"],
+    )
+
+
+@contextmanager
+def _pipeline(conn: Connection) -> Iterator[None]:
+    """``conn.pipeline()``; after an error it first reads the results the error aborted, so that
+    leaving the pipeline does not fail (and log) a second time."""
+    with conn.pipeline() as pipeline:
+        try:
+            yield
+        except BaseException:
+            with contextlib.suppress(psycopg.Error):
+                pipeline.sync()
+            raise
+
+
+def _one(conn: Connection, sql: str, params: Sequence[Any] = ()) -> Row | None:
+    with conn.cursor(row_factory=dict_row) as cur:
+        cur.execute(sql, params)
+        return cur.fetchone()
+
+
+def _rows(conn: Connection, sql: str, params: Sequence[Any] = ()) -> list[Row]:
+    with conn.cursor(row_factory=dict_row) as cur:
+        cur.execute(sql, params)
+        return cur.fetchall()
+
+
+class _ToolConnection:
+    """What a local transaction's ``tx`` drives: the ledger's connection, DB-API style.
+
+    psycopg connections have no ``executemany``, and read ``%`` as a placeholder even in a statement
+    without parameters; this gives tools the same two calls the SQLite connection offers.
+    """
+
+    def __init__(self, conn: Connection) -> None:
+        self._conn = conn
+
+    def execute(self, sql: str, params: Any = ()) -> psycopg.Cursor[TupleRow]:
+        return self._conn.execute(sql, params or None)
+
+    def executemany(self, sql: str, rows: Any) -> psycopg.Cursor[TupleRow]:
+        cur = self._conn.cursor()
+        cur.executemany(sql, rows)
+        return cur
+
+
+class PostgresStore:
+    """A ledger in a PostgreSQL database. Thread-safe: every call takes a pooled connection.
+
+    URL options (the query string): ``pool_max`` (default 8) bounds the pool; the rest go to libpq
+    (``sslmode``, ``connect_timeout``, ``application_name``, ...).
+    """
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        conninfo, options = parse_url(url)
+        try:
+            pool_max = int(options.get("pool_max", "8"))
+        except ValueError:
+            pool_max = 0
+        if pool_max < 1:
+            raise errors.ContractError(
+                f"{redacted(url)!r}: pool_max={options['pool_max']!r}; "
+                "use a whole number of connections >= 1"
+            )
+        #: Most connections the pool opens.
+        self.pool_max = pool_max
+        self._conninfo = conninfo
+        named = "application_name" in pg_conninfo.conninfo_to_dict(conninfo)
+        self._name: dict[str, Any] = {} if named else {"application_name": "effectflow"}
+        # Connect once before the pool does, so an unreachable server fails here with libpq's own
+        # message rather than as a pool timeout half a minute later.
+        psycopg.connect(conninfo, **self._name).close()
+        self._pool: psycopg_pool.ConnectionPool[Connection] = psycopg_pool.ConnectionPool(
+            conninfo,
+            min_size=1,
+            max_size=pool_max,
+            # Autocommit: a read or a one-statement write is one round trip; a batch opens its own
+            # transaction.
+            kwargs={**self._name, "autocommit": True},
+            name="effectflow-ledger",
+            open=True,
+        )
+        self._listen_lock = threading.Lock()
+        self._listener: Connection | None = None
+        try:
+            self.migrate()
+        except BaseException:
+            self._pool.close()
+            raise
+
+    # -- schema ---------------------------------------------------------------------------------
+
+    def migrate(self) -> list[int]:
+        """Apply the migrations this database has not seen; returns the versions applied."""
+        applied: list[int] = []
+        with self._transaction() as conn:
+            conn.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATION_LOCK,))
+            conn.execute(
+                "CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY, "
+                "name TEXT NOT NULL, applied_at DOUBLE PRECISION NOT NULL)"
+            )
+            done = {row[0] for row in conn.execute("SELECT version FROM schema_migrations")}
+            for version, name, sql in migrations():
+                if version in done:
+                    continue
+                conn.execute(sql)  # no parameters: psycopg sends the whole script at once
+                conn.execute(
+                    "INSERT INTO schema_migrations (version, name, applied_at) "
+                    "VALUES (%s, %s, extract(epoch FROM clock_timestamp()))",
+                    (version, name),
+                )
+                applied.append(version)
+        return applied
+
+    def schema_version(self) -> int:
+        """The newest migration applied to this database."""
+        with self._pool.connection() as conn:
+            row = conn.execute("SELECT max(version) FROM schema_migrations").fetchone()
+        return int(row[0] or 0) if row else 0
+
+    @contextmanager
+    def _transaction(self) -> Iterator[Connection]:
+        """A transaction on a pooled connection, one statement after the other."""
+        with self._pool.connection() as conn, conn.transaction():
+            yield conn
+
+    @contextmanager
+    def _batch(self) -> Iterator[Connection]:
+        """A pipelined transaction: a statement whose result is not read travels with the next
+        one that is, or with the COMMIT. Applying a batch costs two round trips (the fence, the
+        commit) and one per operation binding, instead of one per statement.
+
+        BEGIN and COMMIT are plain statements here because psycopg's transaction blocks sync the
+        pipeline on their own; on an error the pool's connection block rolls back.
+        """
+        with self._pool.connection() as conn, _pipeline(conn):
+            conn.execute("BEGIN")
+            yield conn
+            conn.execute("COMMIT")
+
+    def _statement(self, sql: str, params: Sequence[Any] = ()) -> list[Row]:
+        """One statement in its own (implicit) transaction: one round trip."""
+        with self._pool.connection() as conn:
+            return _rows(conn, sql, params)
+
+    # -- writes ---------------------------------------------------------------------------------
+
+    def apply(self, batch: Batch, *, lease_ttl: float, now: float) -> dict[str, Any] | None:
+        """Commit one batch in one transaction (see ``LedgerStore.apply``)."""
+        with self._batch() as conn:
+            return self._apply_txn(conn, batch, lease_ttl=lease_ttl, now=now)
+
+    def apply_with(
+        self,
+        work: Callable[[LocalTransaction], T],
+        finish: Callable[[T], Batch],
+        *,
+        lease_ttl: float,
+        now: float,
+    ) -> tuple[T, dict[str, Any] | None]:
+        """A local transaction: the tool's writes and its checkpoint in one commit."""
+        with self._transaction() as conn:
+            # The tool's statements run one by one, as on any connection (it may read rowcount).
+            tx = LocalTransaction(_ToolConnection(conn), backend="postgresql", paramstyle="format")
+            value = work(tx)
+            with _pipeline(conn):
+                control = self._apply_txn(conn, finish(value), lease_ttl=lease_ttl, now=now)
+            return value, control
+
+    def apply_many(
+        self, batches: Sequence[Batch], *, lease_ttl: float, now: float
+    ) -> list[Applied]:
+        """Group commit: every batch in one transaction, each inside a savepoint so one refused
+        batch does not sink the others."""
+        results: list[Applied | None] = [None] * len(batches)
+        # Runs are locked in run-id order (as heartbeats lock them), so two transactions sharing
+        # runs cannot deadlock; the sort is stable, so batches of one run keep their order.
+        order = sorted(range(len(batches)), key=lambda i: batches[i].run_id)
+        with self._batch() as conn:
+            for i in order:
+                conn.execute("SAVEPOINT batch")
+                try:
+                    control = self._apply_txn(conn, batches[i], lease_ttl=lease_ttl, now=now)
+                except (errors.LeaseLost, errors.IdempotencyConflict, errors.RunNotFound) as exc:
+                    conn.execute("ROLLBACK TO SAVEPOINT batch")
+                    results[i] = Applied(error=exc)
+                else:
+                    results[i] = Applied(control=control)
+                conn.execute("RELEASE SAVEPOINT batch")
+        return [r for r in results if r is not None]
+
+    def claim_runnable(
+        self, *, owner: str, ttl: float, now: float, limit: int
+    ) -> list[records.RunRecord]:
+        """Lease runnable runs; rows another claimer is taking are skipped, never waited for."""
+        rows = self._statement(
+            "WITH picked AS (SELECT run_id FROM runs "
+            "WHERE status IN ('running', 'cancelling') "
+            "AND (lease_expires_at IS NULL OR lease_expires_at < %s) "
+            "ORDER BY created_at, insert_seq LIMIT %s FOR UPDATE SKIP LOCKED) "
+            "UPDATE runs SET lease_owner = %s, lease_token = runs.lease_token + 1, "
+            "lease_expires_at = %s FROM picked WHERE runs.run_id = picked.run_id "
+            "RETURNING runs.*",
+            (now, limit, owner, now + ttl),
+        )
+        rows.sort(key=lambda r: (r["created_at"], r["insert_seq"]))
+        return [_run(r) for r in rows]
+
+    def heartbeat(self, leases: Sequence[tuple[str, int]], *, ttl: float, now: float) -> list[str]:
+        """Extend held leases in one statement; report the lost ones.
+
+        Rows are locked in run-id order, as group commits lock them, so a worker's heartbeat and
+        its own commits never deadlock.
+        """
+        if not leases:
+            return []
+        held = {
+            (row["run_id"], row["lease_token"])
+            for row in self._statement(
+                "WITH held AS (SELECT runs.run_id FROM runs "
+                "JOIN unnest(%s::text[], %s::bigint[]) AS lease (run_id, token) "
+                "ON runs.run_id = lease.run_id AND runs.lease_token = lease.token "
+                'ORDER BY runs.run_id COLLATE "C" FOR UPDATE OF runs) '
+                "UPDATE runs SET lease_expires_at = %s FROM held "
+                "WHERE runs.run_id = held.run_id RETURNING runs.run_id, runs.lease_token",
+                ([r for r, _ in leases], [t for _, t in leases], now + ttl),
+            )
+        }
+        return [run_id for run_id, token in leases if (run_id, token) not in held]
+
+    def wait_for_work(self, timeout: float) -> None:
+        """Block until a transaction notifies that a run is waiting for a worker, or ``timeout``.
+
+        The first call opens the listening connection; a notification sent while nobody waits is
+        kept and wakes the next wait at once. One thread waits at a time; another returns after
+        its timeout at the latest.
+        """
+        timeout = max(0.0, timeout)
+        if not self._listen_lock.acquire(timeout=timeout):
+            return
+        try:
+            if self._listener is None:
+                listener = psycopg.connect(self._conninfo, autocommit=True, **self._name)
+                try:
+                    listener.execute(f"LISTEN {CHANNEL}")
+                except BaseException:
+                    listener.close()
+                    raise
+                self._listener = listener
+            try:
+                for _ in self._listener.notifies(timeout=timeout, stop_after=1):
+                    pass
+                # A burst (a batch of new runs) is one wake-up, not one per run.
+                for _ in self._listener.notifies(timeout=0, stop_after=1000):
+                    pass
+            except psycopg.OperationalError:
+                # The server went away: the next wait connects again; until then a worker that
+                # looks for work finds out for itself.
+                self._listener.close()
+                self._listener = None
+        finally:
+            self._listen_lock.release()
+
+    def _apply_txn(
+        self, conn: Connection, batch: Batch, *, lease_ttl: float, now: float
+    ) -> dict[str, Any] | None:
+        """Write one batch in the caller's transaction and pipeline: one round trip for the new
+        run and the fence, one per operation binding, and the rest go with the commit."""
+        if batch.new_run is not None:
+            run = batch.new_run
+            conn.execute(
+                _INSERT_RUN, [*_row_values(run, _RUN_FIELDS), audit_chain.genesis(run.run_id)]
+            )
+        if batch.lease_token is not None:
+            head = _one(
+                conn,
+                "UPDATE runs SET lease_expires_at = %s WHERE run_id = %s AND lease_token = %s "
+                "RETURNING audit_head, audit_count, control_json",
+                (now + lease_ttl, batch.run_id, batch.lease_token),
+            )
+            if head is None:
+                raise errors.LeaseLost(
+                    f"run {batch.run_id}: lease token {batch.lease_token} is no longer current; "
+                    "another worker owns the run, so this process writes nothing",
+                    run_id=batch.run_id,
+                )
+        else:
+            head = _one(
+                conn,
+                "SELECT audit_head, audit_count, control_json FROM runs WHERE run_id = %s "
+                "FOR UPDATE",
+                (batch.run_id,),
+            )
+            if head is None:
+                raise errors.RunNotFound(f"run {batch.run_id} does not exist", run_id=batch.run_id)
+        for op in batch.operations:
+            self._bind_operation_txn(conn, op)
+        writes: list[tuple[str, list[str], Iterable[Any]]] = [
+            (_INSERT_DECISION, _DECISION_FIELDS, batch.decisions),
+            (_INSERT_APPROVAL, _APPROVAL_FIELDS, batch.approvals),
+            (_UPSERT_STEP, _STEP_FIELDS, batch.steps.values()),
+            (_UPSERT_EFFECT, _EFFECT_FIELDS, batch.effects.values()),
+            (_UPSERT_ATTEMPT, _ATTEMPT_FIELDS, batch.attempts.values()),
+        ]
+        changes = dict(batch.run_changes)
+        with conn.cursor() as cur:
+            for sql, fields, records_ in writes:
+                values = [_row_values(record, fields) for record in records_]
+                if values:
+                    cur.executemany(sql, values)
+            if batch.audit:
+                events, changes["audit_head"], changes["audit_count"] = _chain(
+                    batch, head["audit_head"], head["audit_count"]
+                )
+                cur.executemany(_INSERT_AUDIT, events)
+            if changes:
+                changes.setdefault("updated_at", now)
+                assignments = ", ".join(f"{_column(k)} = %s" for k in changes)
+                cur.execute(
+                    f"UPDATE runs SET {assignments} WHERE run_id = %s",
+                    [*(_value(k, v) for k, v in changes.items()), batch.run_id],
+                )
+            # A run created for workers, or handed back to them, wakes the ones waiting.
+            if batch.new_run is not None or "status" in changes or "lease_owner" in changes:
+                cur.execute(
+                    "SELECT pg_notify(%s, run_id) FROM runs WHERE run_id = %s "
+                    "AND status IN ('running', 'cancelling') AND lease_owner IS NULL",
+                    (CHANNEL, batch.run_id),
+                )
+        if "control" in changes:
+            control: dict[str, Any] | None = changes["control"]
+            return control
+        return head["control_json"]  # type: ignore[no-any-return]
+
+    def _bind_operation_txn(self, conn: Connection, op: OperationBinding) -> None:
+        # ON CONFLICT without a target also covers the key's own uniqueness: a key bound to another
+        # operation finds no row below and is refused too. (RETURNING, not rowcount: in a pipeline
+        # only a fetched result is known.)
+        if _one(conn, _BIND_OPERATION, _row_values(op, _OPERATION_FIELDS)) is not None:
+            return
+        row = _one(
+            conn,
+            "SELECT request_digest FROM operations WHERE tenant = %s AND logical_operation_id = %s",
+            (op.tenant, op.logical_operation_id),
+        )
+        if row is None or row["request_digest"] != op.request_digest:
+            raise errors.IdempotencyConflict(
+                f"logical operation {op.logical_operation_id!r} is already bound to another "
+                "request; a new request needs a new operation id",
+                run_id=op.run_id,
+                step_id=op.step_id,
+                idempotency_key=op.idempotency_key,
+            )
+
+    def claim(
+        self, run_id: str, *, owner: str, expected_token: int, ttl: float, now: float
+    ) -> records.RunRecord | None:
+        """Take the lease by compare-and-swap on the token (see ``LedgerStore.claim``)."""
+        rows = self._statement(
+            "UPDATE runs SET lease_owner = %s, lease_token = lease_token + 1, "
+            "lease_expires_at = %s WHERE run_id = %s AND lease_token = %s RETURNING *",
+            (owner, now + ttl, run_id, expected_token),
+        )
+        return _run(rows[0]) if rows else None
+
+    def release(self, run_id: str, *, token: int) -> None:
+        """Give the lease up; a run still to execute is announced to waiting workers."""
+        self._statement(
+            "WITH released AS (UPDATE runs SET lease_owner = NULL, lease_expires_at = NULL "
+            "WHERE run_id = %s AND lease_token = %s RETURNING run_id, status) "
+            "SELECT pg_notify(%s, run_id) FROM released WHERE status IN ('running', 'cancelling')",
+            (run_id, token, CHANNEL),
+        )
+
+    def purge_expired_keys(self, *, now: float) -> int:
+        """Drop bindings past retention whose step is settled."""
+        with self._pool.connection() as conn:
+            cur = conn.execute(
+                "DELETE FROM operations WHERE key_expires_at < %s AND NOT EXISTS ("
+                "SELECT 1 FROM steps s WHERE s.run_id = operations.run_id "
+                "AND s.step_id = operations.step_id AND s.status = ANY(%s::text[]))",
+                (now, _UNSETTLED),
+            )
+            return cur.rowcount
+
+    # -- reads ----------------------------------------------------------------------------------
+
+    def get_run(self, run_id: str, *, tenant: str | None = None) -> records.RunRecord | None:
+        """The run, or None (None too for another tenant's run)."""
+        rows = self._statement("SELECT * FROM runs WHERE run_id = %s", (run_id,))
+        if not rows or (tenant is not None and rows[0]["tenant"] != tenant):
+            return None
+        return _run(rows[0])
+
+    def list_runs(
+        self,
+        *,
+        tenant: str | None,
+        statuses: Sequence[str] | None = None,
+        limit: int = 100,
+        before: float | None = None,
+    ) -> list[records.RunRecord]:
+        """Newest first (of runs created at the same time, the last inserted first)."""
+        where, params = _filters(tenant=tenant, statuses=statuses)
+        if before is not None:
+            where.append("created_at < %s")
+            params.append(before)
+        sql = "SELECT * FROM runs"
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        sql += " ORDER BY created_at DESC, insert_seq DESC LIMIT %s"
+        return [_run(r) for r in self._statement(sql, [*params, limit])]
+
+    def runs_to_recover(self, *, now: float, limit: int = 100) -> list[records.RunRecord]:
+        """Running runs with no live lease."""
+        rows = self._statement(
+            "SELECT * FROM runs WHERE status IN ('running', 'cancelling') "
+            "AND (lease_expires_at IS NULL OR lease_expires_at < %s) "
+            "ORDER BY created_at, insert_seq LIMIT %s",
+            (now, limit),
+        )
+        return [_run(r) for r in rows]
+
+    def leased_running_runs(self, *, limit: int = 1000) -> list[records.RunRecord]:
+        """Running runs that still hold a lease (the runtime checks whether the holder lives)."""
+        rows = self._statement(
+            "SELECT * FROM runs WHERE status IN ('running', 'cancelling') "
+            "AND lease_expires_at IS NOT NULL ORDER BY created_at, insert_seq LIMIT %s",
+            (limit,),
+        )
+        return [_run(r) for r in rows]
+
+    def steps(self, run_id: str) -> list[records.StepRecord]:
+        """Steps in order."""
+        rows = self._statement("SELECT * FROM steps WHERE run_id = %s ORDER BY seq", (run_id,))
+        return [_step(r) for r in rows]
+
+    def attempts(self, run_id: str, step_id: str | None = None) -> list[records.AttemptRecord]:
+        """Attempts in order."""
+        if step_id is None:
+            rows = self._statement(
+                "SELECT * FROM attempts WHERE run_id = %s ORDER BY started_at, number, insert_seq",
+                (run_id,),
+            )
+        else:
+            rows = self._statement(
+                "SELECT * FROM attempts WHERE run_id = %s AND step_id = %s "
+                "ORDER BY number, insert_seq",
+                (run_id, step_id),
+            )
+        return [_attempt(r) for r in rows]
+
+    def effects(
+        self,
+        *,
+        tenant: str | None,
+        run_id: str | None = None,
+        statuses: Sequence[str] | None = None,
+        limit: int = 1000,
+    ) -> list[records.EffectRecord]:
+        """Effects, oldest first."""
+        where, params = _filters(tenant=tenant, statuses=statuses)
+        if run_id is not None:
+            where.append("run_id = %s")
+            params.append(run_id)
+        sql = "SELECT * FROM effects"
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        sql += " ORDER BY created_at, insert_seq LIMIT %s"
+        return [_effect(r) for r in self._statement(sql, [*params, limit])]
+
+    def get_effect(
+        self, effect_id: str, *, tenant: str | None = None
+    ) -> records.EffectRecord | None:
+        """One effect, or None."""
+        rows = self._statement("SELECT * FROM effects WHERE effect_id = %s", (effect_id,))
+        if not rows or (tenant is not None and rows[0]["tenant"] != tenant):
+            return None
+        return _effect(rows[0])
+
+    def get_operation(self, tenant: str, logical_operation_id: str) -> OperationBinding | None:
+        """The binding, or None."""
+        rows = self._statement(
+            "SELECT * FROM operations WHERE tenant = %s AND logical_operation_id = %s",
+            (tenant, logical_operation_id),
+        )
+        return _from_row(OperationBinding, _OPERATION_FIELDS, rows[0]) if rows else None
+
+    def get_decision(self, decision_id: str) -> DecisionRecord | None:
+        """A pinned decision, or None."""
+        rows = self._statement("SELECT * FROM decisions WHERE decision_id = %s", (decision_id,))
+        return _from_row(DecisionRecord, _DECISION_FIELDS, rows[0]) if rows else None
+
+    def get_approval(self, approval_id: str) -> records.ApprovalRecord | None:
+        """An approval by id, or None."""
+        rows = self._statement("SELECT * FROM approvals WHERE approval_id = %s", (approval_id,))
+        return _from_row(records.ApprovalRecord, _APPROVAL_FIELDS, rows[0]) if rows else None
+
+    def approvals(self, run_id: str, step_id: str | None = None) -> list[records.ApprovalRecord]:
+        """Approvals oldest first."""
+        if step_id is None:
+            rows = self._statement(
+                "SELECT * FROM approvals WHERE run_id = %s ORDER BY approved_at, insert_seq",
+                (run_id,),
+            )
+        else:
+            rows = self._statement(
+                "SELECT * FROM approvals WHERE run_id = %s AND step_id = %s "
+                "ORDER BY approved_at, insert_seq",
+                (run_id, step_id),
+            )
+        return [_from_row(records.ApprovalRecord, _APPROVAL_FIELDS, r) for r in rows]
+
+    def audit(self, run_id: str) -> list[records.AuditEvent]:
+        """The run's audit events in order."""
+        rows = self._statement("SELECT * FROM audit WHERE run_id = %s ORDER BY seq", (run_id,))
+        return [_event(r) for r in rows]
+
+    def verify_audit(self, run_id: str | None = None) -> list[AuditProblem]:
+        """Recompute every chain (or one run's) and compare with the heads on the runs.
+
+        Runs and events are streamed in run-id order through server-side cursors and merged, so the
+        whole log never sits in memory. Byte order (``COLLATE "C"``) matches SQLite's.
+        """
+        where, params = ("WHERE run_id = %s", (run_id,)) if run_id is not None else ("", ())
+        with self._transaction() as conn:
+            with (
+                conn.cursor("effectflow_heads", row_factory=dict_row) as heads,
+                conn.cursor("effectflow_events", row_factory=dict_row) as events,
+            ):
+                heads.execute(
+                    f"SELECT run_id, audit_head, audit_count FROM runs {where} "
+                    'ORDER BY run_id COLLATE "C"',
+                    params,
+                )
+                events.execute(
+                    f'SELECT * FROM audit {where} ORDER BY run_id COLLATE "C", seq', params
+                )
+                events.itersize = 1000
+                problems = _verify_chains(heads, events)
+            orphans = _rows(
+                conn,
+                'SELECT DISTINCT run_id COLLATE "C" AS run_id FROM audit WHERE NOT EXISTS '
+                "(SELECT 1 FROM runs WHERE runs.run_id = audit.run_id) ORDER BY 1",
+            )
+        problems.extend(
+            AuditProblem(r["run_id"], None, "events of a run that does not exist") for r in orphans
+        )
+        return problems
+
+    def close(self) -> None:
+        """Close the pool and the listening connection (waits for a ``wait_for_work`` in progress
+        to return)."""
+        self._pool.close()
+        with self._listen_lock:
+            if self._listener is not None:
+                self._listener.close()
+                self._listener = None
+
+    def __repr__(self) -> str:
+        info = pg_conninfo.conninfo_to_dict(self._conninfo)
+        where = f"{info.get('host', '')}:{info.get('port', '')}/{info.get('dbname', '')}"
+        return f"PostgresStore({where!r}, pool_max={self.pool_max})"
+
+
+def _chain(batch: Batch, prev: str, count: int) -> tuple[list[tuple[Any, ...]], str, int]:
+    """The batch's audit rows chained onto ``prev``; returns them with the new head and length."""
+    rows = []
+    for draft in batch.audit:
+        digest = audit_chain.event_hash(
+            prev,
+            run_id=batch.run_id,
+            step_id=draft.step_id,
+            effect_id=draft.effect_id,
+            kind=draft.kind,
+            actor=draft.actor,
+            detail=draft.detail,
+            at=draft.at,
+        )
+        rows.append(
+            (
+                batch.run_id,
+                draft.step_id,
+                draft.effect_id,
+                draft.kind,
+                draft.actor,
+                digests.canonical_json(draft.detail),
+                draft.at,
+                prev,
+                digest,
+            )
+        )
+        prev = digest
+        count += 1
+    return rows, prev, count
+
+
+def _verify_chains(heads: Iterable[Row], events: Iterable[Row]) -> list[AuditProblem]:
+    """Merge runs and events (both in run-id order) and check each run's chain against its head."""
+    problems: list[AuditProblem] = []
+    groups = itertools.groupby(events, key=lambda r: str(r["run_id"]))
+    group = next(groups, None)
+    for head in heads:
+        rid = head["run_id"]
+        while group is not None and group[0] < rid:  # events of a missing run: reported apart
+            group = next(groups, None)
+        chain: Iterable[Row] = ()
+        if group is not None and group[0] == rid:
+            chain = group[1]
+        problems.extend(_verify_chain(head, (_event(r) for r in chain)))
+        if group is not None and group[0] == rid:
+            group = next(groups, None)
+    return problems
+
+
+def _verify_chain(head: Row, events: Iterable[records.AuditEvent]) -> list[AuditProblem]:
+    rid = head["run_id"]
+    problems: list[AuditProblem] = []
+    prev = audit_chain.genesis(rid)
+    count = 0
+    for event in events:
+        count += 1
+        if event.prev_hash != prev:
+            problems.append(
+                AuditProblem(rid, event.seq, "prev_hash does not match the previous event")
+            )
+        expected = audit_chain.event_hash(
+            prev,
+            run_id=event.run_id,
+            step_id=event.step_id,
+            effect_id=event.effect_id,
+            kind=event.kind,
+            actor=event.actor,
+            detail=event.detail,
+            at=event.at,
+        )
+        if event.hash != expected:
+            problems.append(
+                AuditProblem(rid, event.seq, "content does not match its hash (edited)")
+            )
+        prev = event.hash
+    if count != head["audit_count"] or prev != head["audit_head"]:
+        problems.append(
+            AuditProblem(
+                rid,
+                None,
+                f"chain has {count} events ending in {prev[:12]}, the run records "
+                f"{head['audit_count']} ending in {head['audit_head'][:12]} "
+                "(events were removed or added)",
+            )
+        )
+    return problems
+
+
+def _filters(*, tenant: str | None, statuses: Sequence[str] | None) -> tuple[list[str], list[Any]]:
+    where: list[str] = []
+    params: list[Any] = []
+    if tenant is not None:
+        where.append("tenant = %s")
+        params.append(tenant)
+    if statuses:
+        where.append("status = ANY(%s::text[])")
+        params.append([str(s) for s in statuses])
+    return where, params
+
+
+def migrations() -> list[tuple[int, str, str]]:
+    """The packaged migrations, ``(version, name, sql)`` in order."""
+    folder = resources.files("effectflow.ledger").joinpath("migrations", "postgres")
+    found = []
+    for entry in folder.iterdir():
+        name = entry.name
+        if name.endswith(".sql"):
+            version = int(name.split("_", 1)[0])
+            found.append((version, name.removesuffix(".sql"), entry.read_text("utf-8")))
+    return sorted(found)
