@@ -52,6 +52,11 @@ def providers() -> tuple[Any, Any, Any]:
 
 
 def speak(call: Any) -> Any:
+    """Call a provider (after the test's simulated network latency), translating its definite
+    errors into the runtime's signals; timeouts pass through as unknown outcomes."""
+    delay = float(os.environ.get("EFFECTFLOW_TEST_CALL_DELAY", "0"))
+    if delay:
+        time.sleep(delay)
     try:
         return call()
     except ProviderUnavailable as exc:
@@ -114,6 +119,8 @@ def find_post(*, idempotency_key: str) -> ef.Lookup:
     return ef.Lookup.confirmed(external_effect_id=found[0]["notification_id"], result=found[0])
 
 
+# Not idempotent, but searchable by tag. Its timeout bounds when a call can still land, so after a
+# takeover the runtime looks it up only once the former owner's call can no longer arrive.
 @ef.tool(
     "wk_notify",
     effect="external_write",
@@ -121,6 +128,7 @@ def find_post(*, idempotency_key: str) -> ef.Lookup:
     effect_id="notification_id",
     retry=FAST,
     external_system="notify",
+    timeout=3.0,
 )
 def notify(channel: str, text: str, *, idempotency_key: str) -> dict[str, Any]:
     return dict(speak(lambda: providers()[2].post(channel, text, client_tag=idempotency_key)))
@@ -158,3 +166,30 @@ def slow_case(ctx: ef.Context, case_id: str) -> str:
     ctx.call("wait", slow, case_id=case_id)
     ctx.call("notify", notify, channel="#slow", text=case_id)
     return "ok"
+
+
+@ef.tool(
+    "wk_gated_send",
+    effect="external_write",
+    idempotency=ef.Idempotency(supported=True),
+    confirm=mail_status,
+    effect_id="provider_message_id",
+    retry=FAST,
+    external_system="mail",
+)
+def gated_send(to: str, body: str, *, idempotency_key: str) -> dict[str, Any]:
+    """Waits at the gate (after the intent is durable, before the provider hears of it)."""
+    (folder() / f"entered-{to}").touch()
+    deadline = time.monotonic() + 30
+    while (folder() / "gate").exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return dict(
+        speak(lambda: providers()[0].send(to, "Case", body, idempotency_key=idempotency_key))
+    )
+
+
+@ef.workflow("wk_gated")
+def gated(ctx: ef.Context, case_id: str) -> str:
+    sent = ctx.call("send_email", gated_send, to=f"z{case_id}@example.com", body="once")
+    ctx.call("notify", notify, channel="#zombie", text=case_id)
+    return str(sent["provider_message_id"])

@@ -478,6 +478,15 @@ class StepMachine(SettleMixin, SimpleStepsMixin):
             attempt = st.attempts(self.step_id)[-1]
         if st.control is not None and self.compensates is None:
             yield from self._stop_before_call(step, attempt)
+        if st.lease_lost or st.now() >= st.lease_valid_until:
+            # Never start a call on a lease this process cannot prove it still holds: another
+            # worker may already be settling this step.
+            raise errors.LeaseLost(
+                f"run {self.run_id}: the lease may have expired before {self.step_id}'s call; "
+                "not calling",
+                run_id=self.run_id,
+                step_id=self.step_id,
+            )
         kwargs = dict(self.kwargs)
         if self.tool.takes_key:
             kwargs[self.contract.idempotency.key_param] = self.key

@@ -58,11 +58,15 @@ class Leases:
         if not states:
             return []
         rt = self._runtime
+        renewed = rt.clock()
         lost = rt.store.heartbeat(
             [(s.run.run_id, s.run.lease_token) for s in states],
             ttl=rt.lease_ttl,
-            now=rt.clock(),
+            now=renewed,
         )
+        for state in states:
+            if state.run.run_id not in lost:
+                state.lease_valid_until = renewed + rt.lease_ttl
         for run_id in lost:
             for state in states:
                 if state.run.run_id == run_id:

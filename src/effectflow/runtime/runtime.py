@@ -574,10 +574,12 @@ class Runtime:
                 run_id=state.run.run_id,
             )
         batch.lease_token = state.run.lease_token
+        renewed = self.clock()
         if self.committer is not None:
             control = self.committer.commit(batch)
         else:
-            control = self.store.apply(batch, lease_ttl=self.lease_ttl, now=self.clock())
+            control = self.store.apply(batch, lease_ttl=self.lease_ttl, now=renewed)
+        state.lease_valid_until = renewed + self.lease_ttl  # the fenced write renewed it
         if control is not None:
             state.control = control
 

@@ -32,6 +32,11 @@ class SettleMixin(MachineBase):
         st = self.state
         assert self.contract.confirm is not None
         lookup_tool = st.runtime.registry.tool(self.contract.confirm)
+        landing = self._call_may_still_land_until(step)
+        if landing is not None:
+            # "Not found" proves nothing while the call being looked for may still arrive (its
+            # worker lost the lease but may be alive): look only once it can no longer land.
+            yield requests.Sleep(landing - st.now())
         now = st.now()
         attempt = self._new_attempt(records.AttemptKind.LOOKUP, now)
         kwargs: dict[str, Any] = {}
@@ -205,6 +210,19 @@ class SettleMixin(MachineBase):
                 )
             return errors.StepRejected(message, run_id=self.run_id, step_id=self.step_id)
         return errors.RetryBudgetExhausted(message, run_id=self.run_id, step_id=self.step_id)
+
+    def _call_may_still_land_until(self, step: records.StepRecord) -> float | None:
+        """When the step's last call is unresolved and its tool declares a timeout: the moment
+        after which that call can no longer reach the provider (None when it is past, or unknown).
+        """
+        timeout = self.contract.timeout
+        if timeout is None or step.status is StepStatus.AWAITING_COMPLETION:
+            return None
+        calls = [a for a in self.state.attempts(self.step_id) if a.kind is records.AttemptKind.CALL]
+        if not calls or calls[-1].outcome not in (None, Outcome.UNKNOWN):
+            return None
+        until = calls[-1].started_at + timeout
+        return until if until > self.state.now() else None
 
     # -- completion -------------------------------------------------------------------------------
 

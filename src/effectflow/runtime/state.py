@@ -43,6 +43,8 @@ class RunState:
         self.control: dict[str, Any] | None = run.control
         #: Set by the heartbeat when another worker took the lease over: write nothing more.
         self.lease_lost = False
+        #: Until when this process can prove it holds the lease (its last renewal + the TTL).
+        self.lease_valid_until: float = run.lease_expires_at or 0.0
 
     @property
     def now(self) -> Callable[[], float]:
