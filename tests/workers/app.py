@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import effectflow as ef
+from effectflow import testing
 from effectflow.testing import (
     CrmProvider,
     MailProvider,
@@ -59,7 +60,7 @@ def speak(call: Any) -> Any:
         time.sleep(delay)
     try:
         return call()
-    except ProviderUnavailable as exc:
+    except (ProviderUnavailable, testing.DeadlineExceeded) as exc:
         raise ef.NotCommitted(str(exc)) from exc
     except ProviderError as exc:
         raise ef.Rejected(str(exc)) from exc
@@ -119,8 +120,8 @@ def find_post(*, idempotency_key: str) -> ef.Lookup:
     return ef.Lookup.confirmed(external_effect_id=found[0]["notification_id"], result=found[0])
 
 
-# Not idempotent, but searchable by tag. Its timeout bounds when a call can still land, so after a
-# takeover the runtime looks it up only once the former owner's call can no longer arrive.
+# Not idempotent, but searchable by tag. It takes the runtime's deadline and passes it on, so the
+# provider refuses a late call: after a takeover, "not found" then proves the post did not happen.
 @ef.tool(
     "wk_notify",
     effect="external_write",
@@ -130,8 +131,10 @@ def find_post(*, idempotency_key: str) -> ef.Lookup:
     external_system="notify",
     timeout=3.0,
 )
-def notify(channel: str, text: str, *, idempotency_key: str) -> dict[str, Any]:
-    return dict(speak(lambda: providers()[2].post(channel, text, client_tag=idempotency_key)))
+def notify(channel: str, text: str, *, idempotency_key: str, deadline: float) -> dict[str, Any]:
+    # The provider refuses the post after the deadline the runtime gives (within its lease).
+    with testing.deadline(deadline):
+        return dict(speak(lambda: providers()[2].post(channel, text, client_tag=idempotency_key)))
 
 
 @ef.tool("wk_slow", effect="pure")

@@ -270,6 +270,9 @@ class Tool(Generic[P, R]):
             )
         #: Whether the function takes a precondition keyword (``expected``).
         self.takes_precondition = "precondition" in params or accepts_var_kw
+        #: Whether the function takes ``deadline`` (epoch seconds after which the provider must
+        #: refuse the call): the runtime passes one bounded by its lease and the tool's timeout.
+        self.takes_deadline = "deadline" in params
         self.__doc__ = fn.__doc__
         self.__name__ = getattr(fn, "__name__", contract.name)
         self.__qualname__ = getattr(fn, "__qualname__", contract.name)

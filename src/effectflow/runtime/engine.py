@@ -39,6 +39,9 @@ from effectflow.runtime.faults import FaultPoint
 from effectflow.runtime.settle import SettleMixin
 from effectflow.runtime.simple_steps import SimpleStepsMixin
 
+#: The deadline window of a call whose tool takes a deadline but declares no timeout (seconds).
+DEFAULT_CALL_WINDOW = 60.0
+
 #: Largest canonical argument payload recorded for one step.
 MAX_PAYLOAD_BYTES = 1_000_000
 
@@ -490,6 +493,14 @@ class StepMachine(SettleMixin, SimpleStepsMixin):
         kwargs = dict(self.kwargs)
         if self.tool.takes_key:
             kwargs[self.contract.idempotency.key_param] = self.key
+        if self.tool.takes_deadline:
+            # The provider must refuse this call after the lease this process can prove (and
+            # after the tool's timeout): then a worker taking the run over knows when the call
+            # can no longer land, and its lookup's "not found" becomes proof.
+            window = self.contract.timeout or DEFAULT_CALL_WINDOW
+            due = min(st.lease_valid_until, st.now() + window)
+            kwargs["deadline"] = due
+            st.call_deadlines[attempt.attempt_id] = due
         result: requests.Result = yield requests.Invoke(
             self.tool, self.args, kwargs, self.contract.timeout
         )

@@ -18,6 +18,9 @@ from effectflow.runtime import outcomes, requests
 from effectflow.runtime.faults import FaultPoint
 from effectflow.runtime.machine import MachineBase
 
+#: Seconds a provider may take to commit a call it accepted just before the call's deadline.
+DEADLINE_GRACE = 0.5
+
 
 class SettleMixin(MachineBase):
     """The paths that end a step without (another) call of its tool."""
@@ -212,17 +215,28 @@ class SettleMixin(MachineBase):
         return errors.RetryBudgetExhausted(message, run_id=self.run_id, step_id=self.step_id)
 
     def _call_may_still_land_until(self, step: records.StepRecord) -> float | None:
-        """When the step's last call is unresolved and its tool declares a timeout: the moment
-        after which that call can no longer reach the provider (None when it is past, or unknown).
+        """The moment after which the step's last, unresolved call can no longer reach the
+        provider; None when that moment is past or cannot be known.
+
+        A tool that takes a ``deadline`` hands it to its provider, which refuses the call after it:
+        a call made here has the deadline recorded; a call made by an earlier holder of the run had
+        one within that holder's lease, which ended before this process claimed the run. A tool
+        with only a ``timeout`` is assumed to land within it.
         """
-        timeout = self.contract.timeout
-        if timeout is None or step.status is StepStatus.AWAITING_COMPLETION:
+        st = self.state
+        calls = [a for a in st.attempts(self.step_id) if a.kind is records.AttemptKind.CALL]
+        if step.status is StepStatus.AWAITING_COMPLETION or not calls:
             return None
-        calls = [a for a in self.state.attempts(self.step_id) if a.kind is records.AttemptKind.CALL]
-        if not calls or calls[-1].outcome not in (None, Outcome.UNKNOWN):
+        last = calls[-1]
+        if last.outcome not in (None, Outcome.UNKNOWN):
             return None
-        until = calls[-1].started_at + timeout
-        return until if until > self.state.now() else None
+        if self.tool.takes_deadline:
+            until = st.call_deadlines.get(last.attempt_id, st.claimed_at) + DEADLINE_GRACE
+        elif self.contract.timeout is not None:
+            until = last.started_at + self.contract.timeout
+        else:
+            return None
+        return until if until > st.now() else None
 
     # -- completion -------------------------------------------------------------------------------
 

@@ -45,6 +45,10 @@ class RunState:
         self.lease_lost = False
         #: Until when this process can prove it holds the lease (its last renewal + the TTL).
         self.lease_valid_until: float = run.lease_expires_at or 0.0
+        #: When this process took the run (calls of earlier holders had deadlines before it).
+        self.claimed_at: float = runtime.clock()
+        #: The deadline given to each call made here, by attempt id.
+        self.call_deadlines: dict[str, float] = {}
 
     @property
     def now(self) -> Callable[[], float]:

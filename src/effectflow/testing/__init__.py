@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from effectflow.runtime.faults import Fault, FaultAction, FaultPlan, FaultPoint, InjectedCrash
 from effectflow.testing.providers import (
     CrmProvider,
+    DeadlineExceeded,
     DeployTarget,
     FaultKind,
     IdempotencyKeyReused,
@@ -29,6 +30,7 @@ from effectflow.testing.providers import (
     ProviderTimeout,
     ProviderUnavailable,
     RevisionConflict,
+    deadline,
 )
 
 if TYPE_CHECKING:
@@ -48,6 +50,7 @@ _HTTP_NAMES = frozenset(
 
 __all__ = [
     "CrmProvider",
+    "DeadlineExceeded",
     "DeployTarget",
     "Fault",
     "FaultAction",
@@ -70,6 +73,7 @@ __all__ = [
     "ProviderTimeout",
     "ProviderUnavailable",
     "RevisionConflict",
+    "deadline",
 ]
 
 

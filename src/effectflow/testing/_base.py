@@ -18,6 +18,7 @@ Exception tree::
 
 from __future__ import annotations
 
+import contextvars
 import hashlib
 import json
 import os
@@ -89,6 +90,41 @@ class IdempotencyKeyReused(ProviderError):
             status=422,
         )
         self.idempotency_key = idempotency_key
+
+
+class DeadlineExceeded(ProviderError):
+    """The request arrived after the deadline its caller gave it; nothing was committed.
+
+    Deadline propagation (as gRPC does) is what lets a caller that gave up on a call - or a worker
+    that lost its lease - know that the call can no longer land later: the provider refuses it.
+    """
+
+    def __init__(self, operation: str, deadline: float) -> None:
+        super().__init__(
+            f"{operation}: arrived after its deadline ({iso(deadline)}); nothing was done",
+            code="deadline_exceeded",
+            status=504,
+        )
+        self.operation = operation
+        self.deadline = deadline
+
+
+#: The deadline (epoch seconds) of the calls made in this context; None = no deadline.
+REQUEST_DEADLINE: contextvars.ContextVar[float | None] = contextvars.ContextVar(
+    "effectflow_request_deadline", default=None
+)
+
+
+@contextmanager
+def deadline(at: float | None) -> Iterator[None]:
+    """Give the provider calls made inside the block a deadline: a call the provider handles after
+    it is refused with :class:`DeadlineExceeded` and commits nothing (HTTP clients send it as the
+    ``X-Request-Deadline`` header)."""
+    token = REQUEST_DEADLINE.set(at)
+    try:
+        yield
+    finally:
+        REQUEST_DEADLINE.reset(token)
 
 
 class ProviderTimeout(TimeoutError):
@@ -233,23 +269,30 @@ class SqliteProvider:
         The fault rule, the effect and the call-log row commit in one transaction, so a rule is
         consumed exactly once even when several processes call the same file at once.
         """
+        due = REQUEST_DEADLINE.get()
         with self._locked() as conn:
             now = self._now()
             response: dict[str, Any] | None = None
             error: ProviderError | None = None
             with self._transaction(conn):
-                fault = self._take_fault_txn(conn, operation)
-                if fault is None or fault == "lose_response":
-                    conn.execute("SAVEPOINT effect")
-                    try:
-                        response, outcome = effect(conn, now)
-                    except ProviderError as exc:
-                        conn.execute("ROLLBACK TO effect")
-                        error, outcome = exc, exc.code
-                    conn.execute("RELEASE effect")
+                if due is not None and now > due:
+                    self._log_call_txn(conn, operation, now, None, key, "deadline_exceeded")
+                    fault: FaultKind | None = None
+                    error = DeadlineExceeded(operation, due)
+                    outcome = "deadline_exceeded"
                 else:
-                    outcome = "not_committed"
-                self._log_call_txn(conn, operation, now, fault, key, outcome)
+                    fault = self._take_fault_txn(conn, operation)
+                    if fault is None or fault == "lose_response":
+                        conn.execute("SAVEPOINT effect")
+                        try:
+                            response, outcome = effect(conn, now)
+                        except ProviderError as exc:
+                            conn.execute("ROLLBACK TO effect")
+                            error, outcome = exc, exc.code
+                        conn.execute("RELEASE effect")
+                    else:
+                        outcome = "not_committed"
+                    self._log_call_txn(conn, operation, now, fault, key, outcome)
         if fault == "lose_response":
             # Whatever the provider answered, success or error, never reaches the caller.
             raise ProviderTimeout(operation, key=key) from error

@@ -90,6 +90,11 @@ class _HttpProvider:
     def _send(
         self, method: str, path: str, operation: str, key: str | None, **kwargs: Any
     ) -> httpx.Response:
+        due = _base.REQUEST_DEADLINE.get()
+        if due is not None:
+            if time.time() > due:  # too late already: do not send at all
+                raise _base.DeadlineExceeded(operation, due)
+            kwargs["headers"] = {**kwargs.get("headers", {}), "X-Request-Deadline": repr(due)}
         try:
             return self._client.request(method, path, **kwargs)
         except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
@@ -411,6 +416,8 @@ def _error(response: httpx.Response, *, operation: str, key: str | None, write: 
     body = _body(response)
     code = str(body.get("code") or f"http_{status}")
     message = str(body.get("message") or response.text[:200] or response.reason_phrase)
+    if status == 504 and code == "deadline_exceeded":
+        return _base.DeadlineExceeded(operation, float(_base.REQUEST_DEADLINE.get() or 0.0))
     if status == 504 or (write and status >= 500 and status != 503):
         # A gateway timeout, or a server error to a write: the request arrived, the outcome
         # is unknown, and calling it "not committed" is the bug this library exists to prevent.

@@ -15,12 +15,14 @@ that file too, so a test can arrange a lost response for a call that a worker su
 from __future__ import annotations
 
 from effectflow.testing._base import (
+    DeadlineExceeded,
     FaultKind,
     IdempotencyKeyReused,
     ProviderError,
     ProviderRejected,
     ProviderTimeout,
     ProviderUnavailable,
+    deadline,
 )
 from effectflow.testing.crm import CrmProvider
 from effectflow.testing.deploy import DeployTarget, RevisionConflict
@@ -30,6 +32,7 @@ from effectflow.testing.payments import PaymentsProvider
 
 __all__ = [
     "CrmProvider",
+    "DeadlineExceeded",
     "DeployTarget",
     "FaultKind",
     "IdempotencyKeyReused",
@@ -41,4 +44,5 @@ __all__ = [
     "ProviderTimeout",
     "ProviderUnavailable",
     "RevisionConflict",
+    "deadline",
 ]

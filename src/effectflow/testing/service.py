@@ -232,7 +232,12 @@ class _Service:
     def _endpoint(self, handler: Handler) -> Callable[[Request], Awaitable[Response]]:
         async def endpoint(request: Request) -> Response:
             try:
-                result = await handler(request)
+                due = _deadline_header(request)
+                token = _base.REQUEST_DEADLINE.set(due)
+                try:
+                    result = await handler(request)
+                finally:
+                    _base.REQUEST_DEADLINE.reset(token)
             except _base.ProviderTimeout as exc:
                 return await self._hold(request, exc)
             except _base.ProviderError as exc:
@@ -623,3 +628,14 @@ def _signals_end_cleanly() -> Iterator[None]:
 
 def _already_handled(sig: int, frame: FrameType | None) -> None:
     """The signal was uvicorn's to handle, and it has: nothing is left to do."""
+
+
+def _deadline_header(request: Request) -> float | None:
+    """The caller's deadline (``X-Request-Deadline``, epoch seconds), if it sent one."""
+    raw = request.headers.get("x-request-deadline")
+    if raw is None:
+        return None
+    try:
+        return float(raw)
+    except ValueError:
+        raise _BadRequest(f"X-Request-Deadline must be epoch seconds, not {raw!r}") from None
