@@ -27,6 +27,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+#: Seconds a worker waits after the ledger refused to answer before it tries again.
+RETRY_PAUSE = 1.0
+
 
 @dataclasses.dataclass
 class WorkerStats:
@@ -86,9 +89,14 @@ class Worker:
                     free = min(free, max_runs - self.stats.claimed)
                 claimed: list[records.RunRecord] = []
                 if free > 0:
-                    claimed = rt.store.claim_runnable(
-                        owner=rt.owner, ttl=rt.lease_ttl, now=rt.clock(), limit=free
-                    )
+                    try:
+                        claimed = rt.store.claim_runnable(
+                            owner=rt.owner, ttl=rt.lease_ttl, now=rt.clock(), limit=free
+                        )
+                    except Exception:  # the database is restarting, a network blip: try again
+                        log.exception("claiming runs failed; retrying in %.1f s", RETRY_PAUSE)
+                        self._stop.wait(RETRY_PAUSE)
+                        continue
                 for run in claimed:
                     self.stats.claimed += 1
                     active.add(pool.submit(self._execute, run))
@@ -97,7 +105,11 @@ class Worker:
                 if not active:
                     if until_idle or (max_runs is not None and self.stats.claimed >= max_runs):
                         break
-                    rt.store.wait_for_work(self.idle_wait)
+                    try:
+                        rt.store.wait_for_work(self.idle_wait)
+                    except Exception:
+                        log.exception("waiting for work failed; retrying in %.1f s", RETRY_PAUSE)
+                        self._stop.wait(RETRY_PAUSE)
                     continue
                 done, _ = concurrent.futures.wait(
                     active,
