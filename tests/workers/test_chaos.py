@@ -54,6 +54,7 @@ def _settled(rt: ef.Runtime) -> tuple[int, int]:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(600)
 def test_chaos_four_workers_sigkilled_at_random(
     pg_url: str, provider_service: Any, tmp_path: Path
 ) -> None:
