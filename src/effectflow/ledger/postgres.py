@@ -268,6 +268,9 @@ class PostgresStore:
             )
         #: Most connections the pool opens.
         self.pool_max = pool_max
+        #: Group transactions a process may have in flight at once (the rest of the pool serves
+        #: reads and heartbeats).
+        self.max_concurrent_writers = max(1, pool_max // 2)
         self._conninfo = conninfo
         named = "application_name" in pg_conninfo.conninfo_to_dict(conninfo)
         self._name: dict[str, Any] = {} if named else {"application_name": "effectflow"}

@@ -5,9 +5,11 @@ write path is not weakened: an intent is still durable before its call starts. W
 that while one transaction is being made durable (the fsync), the batches of the other runs queue
 up, and the next transaction carries all of them — throughput stops being one fsync per step.
 
-Leader/follower, no extra thread: the first writer to find no transaction in progress commits the
-queue itself (a lone run pays nothing extra); writers arriving meanwhile wait, and when the leader is
-done it hands the lead to the oldest of them.
+Leader/follower, no extra thread: a writer that finds fewer than ``max_parallel`` group
+transactions in progress commits the queue itself (a lone run pays nothing extra); writers arriving
+meanwhile wait, and when a leader is done it hands the lead to the oldest of them. SQLite has one
+writer at a time, so one group transaction at a time; PostgreSQL commits concurrent transactions in
+parallel (and flushes their WAL together), so several group transactions may be in flight.
 """
 
 from __future__ import annotations
@@ -36,13 +38,22 @@ class _Waiter:
 class GroupCommitter:
     """Commits batches of many runs together; each ``commit`` returns once its own is durable."""
 
-    def __init__(self, store: LedgerStore, *, lease_ttl: float, clock: Callable[[], float]) -> None:
+    def __init__(
+        self,
+        store: LedgerStore,
+        *,
+        lease_ttl: float,
+        clock: Callable[[], float],
+        max_parallel: int = 1,
+    ) -> None:
         self._store = store
         self._lease_ttl = lease_ttl
         self._clock = clock
         self._lock = threading.Lock()
         self._queue: list[_Waiter] = []
-        self._leading = False
+        self._leaders = 0
+        #: How many group transactions may be in flight at once.
+        self.max_parallel = max(1, max_parallel)
         #: Transactions committed, and batches they carried (for benchmarks and tests).
         self.transactions = 0
         self.batches = 0
@@ -57,9 +68,9 @@ class GroupCommitter:
         me = _Waiter(batch)
         with self._lock:
             self._queue.append(me)
-            lead = not self._leading
+            lead = self._leaders < self.max_parallel
             if lead:
-                self._leading = True
+                self._leaders += 1
         if not lead:
             me.done.wait()
             if not me.lead:
@@ -79,7 +90,7 @@ class GroupCommitter:
                     successor.lead = True
                     successor.done.set()
                 else:
-                    self._leading = False
+                    self._leaders -= 1
             for waiter in group:
                 waiter.lead = False
                 waiter.done.set()

@@ -108,7 +108,12 @@ class Runtime:
         self.leases = leases_mod.Leases(self)
         #: Shares transactions between the writes of runs executed concurrently (None: off).
         self.committer = (
-            group_commit_mod.GroupCommitter(self.store, lease_ttl=lease_ttl, clock=clock)
+            group_commit_mod.GroupCommitter(
+                self.store,
+                lease_ttl=lease_ttl,
+                clock=clock,
+                max_parallel=int(getattr(self.store, "max_concurrent_writers", 1)),
+            )
             if group_commit
             else None
         )
