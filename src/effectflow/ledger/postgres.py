@@ -745,10 +745,14 @@ class PostgresStore:
                 )
                 events.itersize = 1000
                 problems = _verify_chains(heads, events)
-            orphans = _rows(
-                conn,
-                'SELECT DISTINCT run_id COLLATE "C" AS run_id FROM audit WHERE NOT EXISTS '
-                "(SELECT 1 FROM runs WHERE runs.run_id = audit.run_id) ORDER BY 1",
+            orphans = (
+                _rows(
+                    conn,
+                    'SELECT DISTINCT run_id COLLATE "C" AS run_id FROM audit WHERE NOT EXISTS '
+                    "(SELECT 1 FROM runs WHERE runs.run_id = audit.run_id) ORDER BY 1",
+                )
+                if run_id is None  # one run's check is about that run's chain only
+                else []
             )
         problems.extend(
             AuditProblem(r["run_id"], None, "events of a run that does not exist") for r in orphans

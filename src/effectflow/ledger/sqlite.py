@@ -514,7 +514,7 @@ class SQLiteStore:
         sql = "SELECT * FROM runs"
         if where:
             sql += " WHERE " + " AND ".join(where)
-        sql += " ORDER BY created_at DESC LIMIT ?"
+        sql += " ORDER BY created_at DESC, rowid DESC LIMIT ?"
         return [_run(r) for r in self._all(sql, [*params, limit])]
 
     def runs_to_recover(self, *, now: float, limit: int = 100) -> list[records.RunRecord]:
@@ -664,12 +664,14 @@ class SQLiteStore:
                         "(events were removed or added)",
                     )
                 )
-        orphans = self._all(
-            "SELECT DISTINCT run_id FROM audit WHERE run_id NOT IN (SELECT run_id FROM runs)"
-        )
-        problems.extend(
-            AuditProblem(r["run_id"], None, "events of a run that does not exist") for r in orphans
-        )
+        if run_id is None:  # events whose run row is gone (a whole run deleted around the chain)
+            orphans = self._all(
+                "SELECT DISTINCT run_id FROM audit WHERE run_id NOT IN (SELECT run_id FROM runs)"
+            )
+            problems.extend(
+                AuditProblem(r["run_id"], None, "events of a run that does not exist")
+                for r in orphans
+            )
         return problems
 
     def close(self) -> None:
