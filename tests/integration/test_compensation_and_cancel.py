@@ -787,3 +787,28 @@ def test_an_irreversible_effect_is_answered_by_a_business_follow_up_step(
     assert second.compensates is None
     bodies = [m["body"] for m in w.mail.messages()]
     assert bodies == ["Your order ships tomorrow", "Correction: it will not ship"]
+
+
+def test_the_timeline_and_the_attention_queue_show_what_waits(rt: ef.Runtime, w: World) -> None:
+    """What the CLI, the API and the console render: a compensation beside what it answers, and
+    the approvals and unknown effects waiting for a person."""
+    rt.start(refund_case, run_id="r0", payment_id="pay_0", amount=5)
+    [waiting] = rt.attention()
+    assert (waiting.kind, waiting.run_id, waiting.step_id) == ("approval", "r0", "create_refund")
+    approved_refund(rt, "r1", then="abandon")
+    w.mail_reset_after_send = True
+    rt.start(email_only, run_id="e1", abandon=False)
+    queue = {(i.kind, i.run_id, i.step_id) for i in rt.attention()}
+    assert queue == {
+        ("approval", "r0", "create_refund"),
+        ("approval", "r1", "compensate:create_refund"),
+        ("unknown_effect", "e1", "email"),
+    }
+    rt.approve("r1", "compensate:create_refund", approver="finance", approval_id="APR-2")
+    view = rt.timeline("r1")
+    [refund] = [s for s in view.steps if s.step.step_id == "create_refund"]
+    assert refund.effect is not None
+    assert refund.compensation is not None
+    assert refund.compensation.compensates == refund.effect.effect_id
+    assert view.events[0].kind == "run_started"
+    assert view.to_dict()["run"]["run_id"] == "r1"

@@ -23,7 +23,7 @@ from effectflow.ledger import records
 from effectflow.ledger.local import LocalTransaction
 from effectflow.ledger.records import NextAction, RunStatus, StepStatus
 from effectflow.ledger.store import AuditProblem, Batch, LedgerStore, open_store
-from effectflow.runtime import context, ending, people, requests
+from effectflow.runtime import context, ending, people, requests, views
 from effectflow.runtime import group_commit as group_commit_mod
 from effectflow.runtime import leases as leases_mod
 from effectflow.runtime import state as state_mod
@@ -445,6 +445,37 @@ class Runtime:
         """A run's audit events in order."""
         self._require_run(run_id)
         return self.store.audit(run_id)
+
+    def timeline(self, run_id: str) -> views.Timeline:
+        """A run's steps with their attempts, effects and compensations, and its audit events."""
+        run = self._require_run(run_id)
+        return views.timeline(
+            run,
+            self.store.steps(run_id),
+            self.store.attempts(run_id),
+            self.store.effects(tenant=self.tenant, run_id=run_id, limit=1_000_000),
+            self.store.audit(run_id),
+        )
+
+    def attention(self, *, limit: int = 500) -> list[views.AttentionItem]:
+        """What waits for a person in this tenant: effects in doubt, approvals, failed
+        compensations; oldest first."""
+        effects = self.store.effects(
+            tenant=self.tenant,
+            statuses=[StepStatus.NEEDS_ATTENTION.value, StepStatus.UNKNOWN.value],
+            limit=limit,
+        )
+        waiting = self.store.list_runs(
+            tenant=self.tenant, statuses=[s.value for s in views.WAITING_RUNS], limit=limit
+        )
+        failed = [
+            e
+            for run in waiting
+            for e in self.store.effects(tenant=self.tenant, run_id=run.run_id, limit=10_000)
+            if e.compensation_status == "compensation_failed"
+        ]
+        steps_of = {run.run_id: self.store.steps(run.run_id) for run in waiting}
+        return views.attention(waiting, steps_of, effects + failed)[:limit]
 
     def verify_audit(self, run_id: str | None = None) -> list[AuditProblem]:
         """Recompute the audit hash chains; an empty list means intact."""
