@@ -142,8 +142,7 @@ def postgres_workers(
             "8",
             "--until-idle",
         ]
-        if not group_commit:
-            command.append("--no-group-commit")
+        command += ["--group-commit", "on" if group_commit else "off"]
         procs = [
             subprocess.Popen(
                 command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE

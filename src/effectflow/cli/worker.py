@@ -66,8 +66,13 @@ def worker(
         bool, typer.Option("--until-idle", help="Exit once no run is left to execute.")
     ] = False,
     group_commit: Annotated[
-        bool, typer.Option(" /--no-group-commit", help="Commit every write on its own.")
-    ] = True,
+        str,
+        typer.Option(
+            "--group-commit",
+            help="Share transactions between the writes of concurrent runs: auto (the backend's "
+            "default: on for SQLite, off for PostgreSQL), on or off.",
+        ),
+    ] = "auto",
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log each run.")] = False,
 ) -> None:
     """Claim runnable runs from the ledger and execute them; SIGTERM drains and exits.
@@ -85,10 +90,13 @@ def worker(
         level=logging.INFO if verbose else logging.WARNING,
         format="%(asctime)s %(process)d %(levelname)s %(name)s: %(message)s",
     )
+    if group_commit not in ("auto", "on", "off"):
+        raise typer.BadParameter("use auto, on or off", param_hint="--group-commit")
+    grouped = None if group_commit == "auto" else group_commit == "on"
     loaded = load_app(app)
     registry = loaded if isinstance(loaded, Registry) else None
     try:
-        rt = ef.Runtime(db, lease_ttl=lease_ttl, registry=registry, group_commit=group_commit)
+        rt = ef.Runtime(db, lease_ttl=lease_ttl, registry=registry, group_commit=grouped)
     except errors.EffectflowError as exc:
         typer.echo(f"effectflow worker: {exc}", err=True)
         raise typer.Exit(2) from None

@@ -271,6 +271,9 @@ class PostgresStore:
         #: Group transactions a process may have in flight at once (the rest of the pool serves
         #: reads and heartbeats).
         self.max_concurrent_writers = max(1, pool_max // 2)
+        #: PostgreSQL already flushes the WAL of concurrent commits together; grouping batches in
+        #: the client on top measured slower here (BENCHMARKS.md), so it is off unless asked for.
+        self.group_commit_default = False
         self._conninfo = conninfo
         named = "application_name" in pg_conninfo.conninfo_to_dict(conninfo)
         self._name: dict[str, Any] = {} if named else {"application_name": "effectflow"}

@@ -86,7 +86,7 @@ class Runtime:
         clock: Callable[[], float] = time.time,
         lease_ttl: float = 300.0,
         registry: registry_module.Registry | None = None,
-        group_commit: bool = True,
+        group_commit: bool | None = None,
     ) -> None:
         if not tenant or not isinstance(tenant, str):
             raise errors.ContractError("tenant must be a non-empty string")
@@ -107,6 +107,8 @@ class Runtime:
         #: The runs this runtime executes now, and the heartbeat renewing their leases.
         self.leases = leases_mod.Leases(self)
         #: Shares transactions between the writes of runs executed concurrently (None: off).
+        if group_commit is None:  # the backend's measured default (BENCHMARKS.md)
+            group_commit = bool(getattr(self.store, "group_commit_default", True))
         self.committer = (
             group_commit_mod.GroupCommitter(
                 self.store,
