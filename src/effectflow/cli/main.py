@@ -14,6 +14,7 @@ from typing import Annotated
 import typer
 
 from effectflow.cli import contracts as contracts_cli
+from effectflow.cli import ops as ops_cli
 from effectflow.cli import testing as testing_cli
 from effectflow.cli import worker as worker_cli
 
@@ -35,6 +36,17 @@ audit_app = typer.Typer(
 )
 app.add_typer(audit_app, name="audit")
 app.command("worker")(worker_cli.worker)
+app.command("runs")(ops_cli.runs)
+app.command("show")(ops_cli.show)
+app.command("effects")(ops_cli.effects)
+app.command("attention")(ops_cli.attention)
+app.command("reconcile")(ops_cli.reconcile)
+app.command("resolve")(ops_cli.resolve)
+app.command("approve")(ops_cli.approve)
+app.command("cancel")(ops_cli.cancel)
+app.command("resume")(ops_cli.resume)
+app.command("compensate")(ops_cli.compensate)
+app.command("bench")(ops_cli.bench)
 
 DbOption = Annotated[
     str,

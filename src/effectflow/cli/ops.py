@@ -1,0 +1,502 @@
+"""The operator verbs of ``effectflow``: each a thin layer over one public method of ``ef.Runtime``.
+
+Reads (``runs``, ``show``, ``effects``, ``attention``) print rich tables or, with ``--json``, the
+records' ``to_dict()``. Actions (``reconcile``, ``resolve``, ``approve``, ``cancel``, ``resume``,
+``compensate``) may execute workflow code, so they take ``--app`` to import the application's tools
+and workflows first.
+
+Exit codes (as in ``effectflow.cli.main``, not imported from there: main imports this module):
+0 ok; 1 failure (no such run or effect, a stale or conflicting decision, a run that failed);
+2 usage; 3 something waits for a person (the attention queue is not empty, or the run an action
+left is paused, pending reconciliation, or asks for a person).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
+
+import typer
+
+from effectflow import errors
+from effectflow.cli import worker as worker_cli
+from effectflow.ledger.records import NextAction, RunStatus, StepStatus
+
+if TYPE_CHECKING:
+    from rich.console import Console, RenderableType
+
+    from effectflow.ledger import records
+    from effectflow.runtime.runtime import Runtime
+
+EXIT_OK = 0
+EXIT_FAILURE = 1
+EXIT_USAGE = 2
+EXIT_ATTENTION = 3
+
+#: Run statuses after which a person must act before the run moves on.
+_WAITING = frozenset({RunStatus.PAUSED, RunStatus.CANCELLED_PENDING_RECONCILIATION})
+
+DbOption = Annotated[
+    str,
+    typer.Option(
+        "--db",
+        envvar="EFFECTFLOW_DB",
+        help="Ledger URL (sqlite:///path.db or postgresql://...). Default: effectflow.db here.",
+    ),
+]
+TenantOption = Annotated[str, typer.Option("--tenant", help="The tenant whose runs to act on.")]
+JsonOption = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")]
+AppOption = Annotated[
+    str | None,
+    typer.Option(
+        "--app",
+        help="The application to import first, module or module:object, so the tools and "
+        "workflows the run executes are registered (e.g. myapp.flows).",
+    ),
+]
+RunArg = Annotated[str, typer.Argument(metavar="RUN", help="The run's id.", show_default=False)]
+ByOption = Annotated[str, typer.Option("--by", help="Who acts (recorded in the audit log).")]
+
+DEFAULT_DB = "sqlite:///effectflow.db"
+
+
+# -- shared plumbing --------------------------------------------------------------------------------
+
+
+def _console() -> Console:
+    from rich.console import Console
+
+    # A pipe gets a fixed width, so scripts and tests see the same lines on every terminal.
+    return Console(width=None if sys.stdout.isatty() else 140)
+
+
+def _print(renderable: RenderableType) -> None:
+    _console().print(renderable)
+
+
+def _emit_json(value: Any) -> None:
+    # StrEnum members serialise as their values; ``default=str`` covers any stray non-JSON value.
+    typer.echo(json.dumps(value, indent=2, default=str))
+
+
+def _fail(
+    verb: str, exc: errors.EffectflowError, code: int, as_json: bool, hint: str = ""
+) -> NoReturn:
+    if as_json:
+        typer.echo(json.dumps({"error": exc.to_dict()}), err=True)
+    else:
+        typer.echo(f"effectflow {verb}: {exc.message}{hint}", err=True)
+    raise typer.Exit(code)
+
+
+def _require_ledger(db: str) -> None:
+    """Refuse a SQLite URL whose file does not exist, instead of creating an empty ledger there."""
+    if "://" in db and not db.startswith(("sqlite:", "file:")):
+        return
+    from effectflow.ledger import sqlite
+
+    try:
+        path, _ = sqlite.parse_url(db)
+    except errors.ContractError as exc:
+        raise typer.BadParameter(exc.message, param_hint="--db") from None
+    if path != ":memory:" and not Path(path).exists():
+        raise typer.BadParameter(f"no ledger at {path}", param_hint="--db")
+
+
+@contextlib.contextmanager
+def _runtime(
+    verb: str, db: str, tenant: str, *, app: str | None = None, as_json: bool = False
+) -> Iterator[Runtime]:
+    """A runtime on the ledger, closed afterwards; the runtime's errors become exit 1."""
+    from effectflow.contracts.registry import Registry
+    from effectflow.runtime.runtime import Runtime
+
+    registry = None
+    if app is not None:
+        loaded = worker_cli.load_app(app)
+        registry = loaded if isinstance(loaded, Registry) else None
+    _require_ledger(db)
+    try:
+        rt = Runtime(db, tenant=tenant, registry=registry)
+    except errors.EffectflowError as exc:
+        _fail(verb, exc, EXIT_USAGE, as_json)
+    try:
+        yield rt
+    except errors.ContractError as exc:
+        hint = "" if app else " (pass --app to import the application's tools and workflows)"
+        _fail(verb, exc, EXIT_FAILURE, as_json, hint)
+    except errors.EffectflowError as exc:
+        _fail(verb, exc, EXIT_FAILURE, as_json)
+    finally:
+        rt.close()
+
+
+def run_exit_code(run: records.RunRecord) -> int:
+    """What an action's resulting run means for the exit code: 3 if a person must act, 1 if the
+    run failed, else 0."""
+    if run.status in _WAITING or run.next_action is NextAction.ASK_A_PERSON:
+        return EXIT_ATTENTION
+    if run.status is RunStatus.FAILED:
+        return EXIT_FAILURE
+    return EXIT_OK
+
+
+def _finish_run(run: records.RunRecord, as_json: bool) -> NoReturn:
+    if as_json:
+        _emit_json(run.to_dict())
+    else:
+        from effectflow.cli import render
+
+        _print(render.run_line(run))
+    raise typer.Exit(run_exit_code(run))
+
+
+# -- reads ------------------------------------------------------------------------------------------
+
+
+def runs(
+    status: Annotated[
+        list[RunStatus] | None,
+        typer.Option("--status", help="Only runs in this status (repeat for several)."),
+    ] = None,
+    limit: Annotated[int, typer.Option("--limit", min=1, help="At most this many runs.")] = 100,
+    db: DbOption = DEFAULT_DB,
+    tenant: TenantOption = "default",
+    as_json: JsonOption = False,
+) -> None:
+    """List the tenant's runs, newest first."""
+    with _runtime("runs", db, tenant, as_json=as_json) as rt:
+        found = rt.runs(status=[s.value for s in status] if status else None, limit=limit)
+    if as_json:
+        _emit_json([r.to_dict() for r in found])
+        return
+    from effectflow.cli import render
+
+    _print(render.runs_table(found))
+
+
+def show(
+    run_id: RunArg,
+    db: DbOption = DEFAULT_DB,
+    tenant: TenantOption = "default",
+    as_json: JsonOption = False,
+) -> None:
+    """Show a run's timeline: its steps as a tree, then its audit events.
+
+    Each step shows its status, completion state and attempts (kind, outcome, error), its effect
+    (external id, request and response digests, approval, compensation status) and the
+    compensation that answers it; then the audit events in order, with actor and details.
+    """
+    with _runtime("show", db, tenant, as_json=as_json) as rt:
+        tl = rt.timeline(run_id)
+    if as_json:
+        _emit_json(tl.to_dict())
+        return
+    from effectflow.cli import render
+
+    _print(render.timeline(tl))
+
+
+def effects(
+    status: Annotated[
+        list[StepStatus] | None,
+        typer.Option(
+            "--status", help="Only effects in this status, e.g. unknown (repeat for several)."
+        ),
+    ] = None,
+    run_id: Annotated[str | None, typer.Option("--run", help="Only this run's effects.")] = None,
+    db: DbOption = DEFAULT_DB,
+    tenant: TenantOption = "default",
+    as_json: JsonOption = False,
+) -> None:
+    """List External Effect Records: what happened, or may have, in outside systems."""
+    with _runtime("effects", db, tenant, as_json=as_json) as rt:
+        found = rt.effects(run_id=run_id, status=[s.value for s in status] if status else None)
+    if as_json:
+        _emit_json([e.to_dict() for e in found])
+        return
+    from effectflow.cli import render
+
+    _print(render.effects_table(found))
+
+
+def attention(
+    db: DbOption = DEFAULT_DB,
+    tenant: TenantOption = "default",
+    as_json: JsonOption = False,
+) -> None:
+    """List what waits for a person; exit 3 when anything does.
+
+    Effects in doubt, steps waiting for approval and failed compensations, oldest first, each with
+    the actions that settle it.
+    """
+    with _runtime("attention", db, tenant, as_json=as_json) as rt:
+        items = rt.attention()
+    if as_json:
+        _emit_json([i.to_dict() for i in items])
+    else:
+        from effectflow.cli import render
+
+        _print(render.attention_table(items))
+    raise typer.Exit(EXIT_ATTENTION if items else EXIT_OK)
+
+
+# -- actions ----------------------------------------------------------------------------------------
+
+
+def reconcile(
+    limit: Annotated[
+        int, typer.Option("--limit", min=1, help="At most this many paused runs per pass.")
+    ] = 100,
+    app: AppOption = None,
+    db: DbOption = DEFAULT_DB,
+    tenant: TenantOption = "default",
+    as_json: JsonOption = False,
+) -> None:
+    """Settle unknown outcomes through lookup tools; exit 3 if a person is still needed.
+
+    Paused runs with an effect in doubt are looked up and continued, interrupted runs recovered;
+    runs whose effects no lookup can settle stay in the attention queue.
+    """
+    from rich.console import Console
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    err = Console(stderr=True)
+    with _runtime("reconcile", db, tenant, app=app, as_json=as_json) as rt:
+        # Runtime.reconcile settles every run in one call and reports no progress per run, so
+        # the bar can only say that work is going on, and for how long.
+        with Progress(
+            SpinnerColumn(),
+            TextColumn("[progress.description]{task.description}"),
+            TimeElapsedColumn(),
+            console=err,
+            transient=True,
+            disable=not err.is_terminal,
+        ) as progress:
+            progress.add_task("reconciling paused and interrupted runs", total=None)
+            touched = rt.reconcile(limit=limit)
+        waiting = [r for r in touched if run_exit_code(r) == EXIT_ATTENTION]
+        left = rt.attention()
+    if as_json:
+        _emit_json({"runs": [r.to_dict() for r in touched], "attention": len(left)})
+    else:
+        from effectflow.cli import render
+
+        console = _console()
+        console.print(f"reconciled {len(touched)} run(s)")
+        for run in touched:
+            console.print(render.run_line(run))
+        if left:
+            console.print(
+                f"{len(left)} item(s) still need a person"
+                + (f" ({len(waiting)} of the runs touched)" if waiting else "")
+                + ": effectflow attention"
+            )
+    raise typer.Exit(EXIT_ATTENTION if left or waiting else EXIT_OK)
+
+
+def resolve(
+    effect_id: Annotated[
+        str, typer.Argument(metavar="EFFECT", help="The effect's id (eff_...).", show_default=False)
+    ],
+    evidence: Annotated[
+        str,
+        typer.Option(
+            "--evidence",
+            help='What proves the decision, a JSON object (e.g. \'{"ticket": "OPS-1"}\').',
+            show_default=False,
+        ),
+    ],
+    by: Annotated[str, typer.Option("--by", help="Who decides (recorded in the audit log).")],
+    committed: Annotated[bool, typer.Option("--committed", help="The effect happened.")] = False,
+    not_committed: Annotated[
+        bool, typer.Option("--not-committed", help="The effect did not happen.")
+    ] = False,
+    expected_version: Annotated[
+        int | None,
+        typer.Option(
+            "--expected-version", help="Refuse the decision if the effect moved past this version."
+        ),
+    ] = None,
+    decision_id: Annotated[
+        str | None,
+        typer.Option(
+            "--decision-id", help="Makes the decision idempotent: repeating it is a no-op."
+        ),
+    ] = None,
+    app: AppOption = None,
+    db: DbOption = DEFAULT_DB,
+    tenant: TenantOption = "default",
+    as_json: JsonOption = False,
+) -> None:
+    """Settle an effect in doubt: it happened (--committed) or not (--not-committed).
+
+    The audit log records who decided on what evidence; then `effectflow resume RUN` continues the
+    run (a committed step returns the recorded result, a not-committed one is retried with its
+    original key).
+    """
+    if committed == not_committed:
+        raise typer.BadParameter(
+            "say exactly one of --committed or --not-committed", param_hint="--committed"
+        )
+    try:
+        proof = json.loads(evidence)
+    except json.JSONDecodeError as exc:
+        raise typer.BadParameter(f"not JSON: {exc}", param_hint="--evidence") from None
+    if not isinstance(proof, dict):
+        raise typer.BadParameter("must be a JSON object", param_hint="--evidence")
+    with _runtime("resolve", db, tenant, app=app, as_json=as_json) as rt:
+        effect = rt.resolve(
+            effect_id,
+            committed=committed,
+            evidence=proof,
+            by=by,
+            expected_version=expected_version,
+            decision_id=decision_id,
+        )
+    if as_json:
+        _emit_json(effect.to_dict())
+        return
+    from effectflow.cli import render
+
+    _print(render.resolved_line(effect))
+
+
+def approve(
+    run_id: RunArg,
+    step_id: Annotated[
+        str,
+        typer.Argument(
+            metavar="STEP",
+            help="The step waiting for approval (compensations: compensate:<step>).",
+            show_default=False,
+        ),
+    ],
+    approver: Annotated[str, typer.Option("--approver", help="Who approves.")],
+    approval_id: Annotated[
+        str, typer.Option("--approval-id", help="The approval's own id (a ticket); unique.")
+    ],
+    app: AppOption = None,
+    db: DbOption = DEFAULT_DB,
+    tenant: TenantOption = "default",
+    as_json: JsonOption = False,
+) -> None:
+    """Approve a step waiting for approval; the run then continues in this process."""
+    with _runtime("approve", db, tenant, app=app, as_json=as_json) as rt:
+        run = rt.approve(run_id, step_id, approver=approver, approval_id=approval_id)
+    _finish_run(run, as_json)
+
+
+def cancel(
+    run_id: RunArg,
+    reason: Annotated[
+        str | None, typer.Option("--reason", help="Why (recorded in the audit log).")
+    ] = None,
+    by: ByOption = "operator",
+    app: AppOption = None,
+    db: DbOption = DEFAULT_DB,
+    tenant: TenantOption = "default",
+    as_json: JsonOption = False,
+) -> None:
+    """Cancel a run and print what it left in the world.
+
+    The inventory lists confirmed, in-flight, unknown and compensated effects and the steps that
+    never started; exit 3 if unknown effects or compensations wait for reconciliation or a person.
+    """
+    with _runtime("cancel", db, tenant, app=app, as_json=as_json) as rt:
+        inv = rt.cancel(run_id, reason=reason, by=by)
+    if as_json:
+        _emit_json(inv.to_dict())
+    else:
+        from effectflow.cli import render
+
+        _print(render.inventory(inv))
+    waits = inv.status in _WAITING or bool(inv.unknown) or bool(inv.compensation_pending)
+    raise typer.Exit(EXIT_ATTENTION if waits else EXIT_OK)
+
+
+def resume(
+    run_id: RunArg,
+    app: AppOption = None,
+    db: DbOption = DEFAULT_DB,
+    tenant: TenantOption = "default",
+    as_json: JsonOption = False,
+) -> None:
+    """Continue a run: an interrupted one, a paused one, or (redrive) a failed one."""
+    with _runtime("resume", db, tenant, app=app, as_json=as_json) as rt:
+        run = rt.resume(run_id, by="operator")
+    _finish_run(run, as_json)
+
+
+def compensate(
+    run_id: RunArg,
+    reason: Annotated[
+        str,
+        typer.Option("--reason", help="The business condition that abandons the goal."),
+    ],
+    by: ByOption = "operator",
+    app: AppOption = None,
+    db: DbOption = DEFAULT_DB,
+    tenant: TenantOption = "default",
+    as_json: JsonOption = False,
+) -> None:
+    """Abandon the run's business goal: compensate its confirmed effects.
+
+    Each compensation is a new effect, never an undo, with an approval where money moves. Never for
+    a technical failure: failed runs keep their effects as facts.
+    """
+    if not reason.strip():
+        raise typer.BadParameter("give the business condition", param_hint="--reason")
+    with _runtime("compensate", db, tenant, app=app, as_json=as_json) as rt:
+        run = rt.compensate(run_id, reason=reason, by=by)
+    _finish_run(run, as_json)
+
+
+# -- bench ------------------------------------------------------------------------------------------
+
+
+def bench(
+    steps: Annotated[
+        int, typer.Option("--steps", min=10, help="Steps timed per configuration.")
+    ] = 300,
+    as_json: JsonOption = False,
+) -> None:
+    """Measure the runtime's per-step overhead on a temporary SQLite ledger.
+
+    Pure and external-write steps, with synchronous FULL and NORMAL, one sample each
+    (benchmarks/core_overhead.py in the repository repeats them for medians).
+    """
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+    from effectflow import bench as bench_mod
+    from effectflow.cli import render
+
+    err = Console(stderr=True)
+    configs = len(bench_mod.KINDS) * len(bench_mod.SYNC_MODES)
+    runs_each = max(1, steps // bench_mod.STEPS_PER_RUN)
+    with Progress(
+        TextColumn("[progress.description]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        console=err,
+        transient=True,
+        disable=not err.is_terminal,
+    ) as progress:
+        task = progress.add_task("measuring", total=configs * runs_each)
+
+        def starting(kind: str, synchronous: str, runs: int) -> None:
+            progress.update(task, description=f"{kind} steps, synchronous={synchronous}")
+
+        results = bench_mod.run_all(
+            steps=steps, on_start=starting, on_run=lambda: progress.advance(task)
+        )
+    rows = [r.to_dict() for r in results]
+    if as_json:
+        _emit_json(rows)
+        return
+    _print(render.bench_table(rows))
