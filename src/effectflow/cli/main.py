@@ -15,6 +15,7 @@ import typer
 
 from effectflow.cli import contracts as contracts_cli
 from effectflow.cli import ops as ops_cli
+from effectflow.cli import serve as serve_cli
 from effectflow.cli import testing as testing_cli
 from effectflow.cli import worker as worker_cli
 
@@ -36,6 +37,7 @@ audit_app = typer.Typer(
 )
 app.add_typer(audit_app, name="audit")
 app.command("worker")(worker_cli.worker)
+app.command("serve")(serve_cli.serve)
 app.command("runs")(ops_cli.runs)
 app.command("show")(ops_cli.show)
 app.command("effects")(ops_cli.effects)

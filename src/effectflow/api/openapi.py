@@ -1,0 +1,436 @@
+"""The OpenAPI 3.1 document of the API, published at ``GET /api/v1/openapi.json``.
+
+Paths are written out here by hand, next to nothing else, so a reviewer reads the whole surface in
+one place; the record schemas are derived from the ledger's frozen dataclasses, so they cannot drift
+from what ``to_dict()`` returns. A test checks that every route of the app is in the document.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import types
+import typing
+from typing import Any
+
+from effectflow.api import problems
+from effectflow.ledger import records
+from effectflow.runtime import views
+
+#: The largest page a listing returns.
+MAX_LIMIT = 500
+
+_PRIMITIVES: dict[Any, dict[str, Any]] = {
+    str: {"type": "string"},
+    int: {"type": "integer"},
+    float: {"type": "number"},
+    bool: {"type": "boolean"},
+}
+
+
+def _type_schema(hint: Any) -> dict[str, Any]:
+    """The JSON Schema of a field's type hint (the subset the records use)."""
+    if hint is Any:
+        return {}
+    if hint in _PRIMITIVES:
+        return dict(_PRIMITIVES[hint])
+    if isinstance(hint, type) and issubclass(hint, enum.Enum):
+        return {"type": "string", "enum": [m.value for m in hint]}
+    if dataclasses.is_dataclass(hint) and isinstance(hint, type):
+        return {"$ref": f"#/components/schemas/{_name(hint)}"}
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (types.UnionType, typing.Union):
+        options = [a for a in args if a is not type(None)]
+        inner = _type_schema(options[0]) if len(options) == 1 else {}
+        if type(None) not in args:
+            return inner
+        if "type" in inner and isinstance(inner["type"], str):
+            return {**inner, "type": [inner["type"], "null"]}
+        return {"anyOf": [inner, {"type": "null"}]}
+    if origin in (list, tuple):
+        return {"type": "array", "items": _type_schema(args[0]) if args else {}}
+    if origin is dict:
+        return {"type": "object"}
+    raise TypeError(f"no JSON Schema for {hint!r}")
+
+
+_NAMES = {
+    records.RunRecord: "Run",
+    records.StepRecord: "Step",
+    records.AttemptRecord: "Attempt",
+    records.EffectRecord: "Effect",
+    records.AuditEvent: "AuditEvent",
+    records.Inventory: "Inventory",
+    views.StepView: "StepView",
+    views.Timeline: "Timeline",
+    views.AttentionItem: "AttentionItem",
+}
+
+
+def _name(cls: type[Any]) -> str:
+    return _NAMES[cls]
+
+
+def record_schema(cls: type[Any]) -> dict[str, Any]:
+    """The schema of a record's ``to_dict()``: every field, all required."""
+    hints = typing.get_type_hints(cls)
+    props = {f.name: _type_schema(hints[f.name]) for f in dataclasses.fields(cls)}
+    return {
+        "type": "object",
+        "properties": props,
+        "required": list(props),
+        "description": (cls.__doc__ or "").strip().splitlines()[0],
+    }
+
+
+def _ref(name: str) -> dict[str, Any]:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def _json(schema: dict[str, Any], description: str) -> dict[str, Any]:
+    return {"description": description, "content": {"application/json": {"schema": schema}}}
+
+
+def _problem(description: str) -> dict[str, Any]:
+    return {"$ref": f"#/components/responses/{description}"}
+
+
+_RUN_ID: dict[str, Any] = {
+    "name": "run_id",
+    "in": "path",
+    "required": True,
+    "schema": {"type": "string"},
+    "description": "The run's id.",
+}
+_LIMIT: dict[str, Any] = {
+    "name": "limit",
+    "in": "query",
+    "required": False,
+    "schema": {"type": "integer", "minimum": 1, "maximum": MAX_LIMIT, "default": 50},
+    "description": "Items per page.",
+}
+_CURSOR: dict[str, Any] = {
+    "name": "cursor",
+    "in": "query",
+    "required": False,
+    "schema": {"type": "string"},
+    "description": "The `next_cursor` of the previous page (opaque).",
+}
+_IDEMPOTENCY_KEY: dict[str, Any] = {
+    "name": "Idempotency-Key",
+    "in": "header",
+    "required": True,
+    "schema": {"type": "string", "minLength": 1, "maxLength": 255, "pattern": "^[!-~]+$"},
+    "description": "Names this request: a replay with the same key and body returns the first "
+    "answer (with `Idempotent-Replayed: true`); the same key with another request answers 422 "
+    "`idempotency_key_reused`. Kept 24 hours.",
+}
+
+
+def _statuses(enum_cls: type[enum.StrEnum]) -> dict[str, Any]:
+    return {
+        "name": "status",
+        "in": "query",
+        "required": False,
+        "style": "form",
+        "explode": True,
+        "schema": {
+            "type": "array",
+            "items": {"type": "string", "enum": [m.value for m in enum_cls]},
+        },
+        "description": "Only items in these statuses (repeat the parameter for several).",
+    }
+
+
+def _read(summary: str, params: list[dict[str, Any]], ok: dict[str, Any], *errs: str) -> Any:
+    responses: dict[str, Any] = {"200": ok, "401": _problem("Unauthorized")}
+    for code in errs:
+        responses[code] = _problem({"400": "BadRequest", "404": "NotFound"}[code])
+    return {
+        "get": {
+            "summary": summary,
+            "operationId": _op(summary),
+            "parameters": params,
+            "responses": responses,
+        }
+    }
+
+
+def _op(summary: str) -> str:
+    words = [w for w in summary.lower().replace("'", "").split() if w.isalnum()]
+    return "_".join(words[:6])
+
+
+def _action(
+    summary: str,
+    description: str,
+    path_params: list[dict[str, Any]],
+    body: dict[str, Any],
+    ok: dict[str, Any],
+    *,
+    body_required: bool = False,
+) -> dict[str, Any]:
+    return {
+        "post": {
+            "summary": summary,
+            "description": description,
+            "operationId": _op(summary),
+            "parameters": [*path_params, _IDEMPOTENCY_KEY],
+            "requestBody": {
+                "required": body_required,
+                "content": {"application/json": {"schema": body}},
+            },
+            "responses": {
+                "200": ok,
+                "400": _problem("BadRequest"),
+                "401": _problem("Unauthorized"),
+                "404": _problem("NotFound"),
+                "409": _problem("Conflict"),
+                "422": _problem("Unprocessable"),
+            },
+        }
+    }
+
+
+def _body(props: dict[str, Any], required: list[str]) -> dict[str, Any]:
+    return {
+        "type": "object",
+        "properties": props,
+        "required": required,
+        "additionalProperties": False,
+    }
+
+
+_PERSON = {"type": "string", "minLength": 1, "maxLength": 200}
+_TEXT = {"type": "string", "maxLength": 2000}
+
+RESOLVE_BODY = _body(
+    {
+        "committed": {"type": "boolean", "description": "Whether the effect happened."},
+        "evidence": {"type": "object", "description": "What proves it (a provider record)."},
+        "by": _PERSON,
+        "expected_version": {
+            "type": "integer",
+            "description": "The effect version the decision was made on; a stale one answers "
+            "409 `stale_state` and changes nothing.",
+        },
+        "decision_id": {
+            "type": "string",
+            "minLength": 1,
+            "maxLength": 200,
+            "description": "Pins the decision in the ledger; derived from the Idempotency-Key "
+            "when omitted.",
+        },
+    },
+    ["committed", "evidence", "by", "expected_version"],
+)
+APPROVE_BODY = _body(
+    {
+        "approver": _PERSON,
+        "approval_id": {
+            "type": "string",
+            "minLength": 1,
+            "maxLength": 200,
+            "description": "The approval's own id (a ticket); derived from the Idempotency-Key "
+            "when omitted.",
+        },
+        "note": _TEXT,
+    },
+    ["approver"],
+)
+CANCEL_BODY = _body({"reason": _TEXT, "by": _PERSON}, [])
+COMPENSATE_BODY = _body(
+    {"reason": {**_TEXT, "minLength": 1, "description": "The business condition."}, "by": _PERSON},
+    ["reason"],
+)
+RESUME_BODY = _body({"by": _PERSON}, [])
+
+_PROBLEM_SCHEMA = {
+    "type": "object",
+    "description": "An RFC 9457 problem document.",
+    "properties": {
+        "type": {"type": "string", "format": "uri-reference"},
+        "title": {"type": "string"},
+        "status": {"type": "integer"},
+        "detail": {"type": "string"},
+        "instance": {"type": "string"},
+        "code": {"type": "string", "description": "The stable error code."},
+        "run_id": {"type": "string"},
+        "step_id": {"type": "string"},
+        "effect_id": {"type": "string"},
+        "errors": {"type": "array", "items": {"type": "string"}},
+    },
+    "required": ["type", "title", "status", "detail", "instance", "code"],
+}
+
+
+def _problem_response(description: str) -> dict[str, Any]:
+    return {
+        "description": description,
+        "content": {problems.MEDIA_TYPE: {"schema": _ref("Problem")}},
+    }
+
+
+def _page(item: str) -> dict[str, Any]:
+    return {
+        "type": "object",
+        "properties": {
+            "items": {"type": "array", "items": _ref(item)},
+            "next_cursor": {"type": ["string", "null"]},
+        },
+        "required": ["items", "next_cursor"],
+    }
+
+
+def document() -> dict[str, Any]:
+    """The OpenAPI 3.1 document."""
+    import effectflow
+
+    schemas: dict[str, Any] = {name: record_schema(cls) for cls, name in _NAMES.items()}
+    schemas.update(
+        Problem=_PROBLEM_SCHEMA,
+        RunPage=_page("Run"),
+        EffectPage=_page("Effect"),
+        AttentionList={
+            "type": "object",
+            "properties": {"items": {"type": "array", "items": _ref("AttentionItem")}},
+            "required": ["items"],
+        },
+        Health={
+            "type": "object",
+            "properties": {"status": {"const": "ok"}, "version": {"type": "string"}},
+            "required": ["status", "version"],
+        },
+        ResolveRequest=RESOLVE_BODY,
+        ApproveRequest=APPROVE_BODY,
+        CancelRequest=CANCEL_BODY,
+        CompensateRequest=COMPENSATE_BODY,
+        ResumeRequest=RESUME_BODY,
+    )
+    step_id = {**_RUN_ID, "name": "step_id", "description": "The step's id in its run."}
+    effect_id = {**_RUN_ID, "name": "effect_id", "description": "The effect's id."}
+    run_ok = _json(_ref("Run"), "The run after the action.")
+    paths: dict[str, Any] = {
+        "/api/v1/health": {
+            "get": {
+                "summary": "Health",
+                "operationId": "health",
+                "security": [],
+                "responses": {"200": _json(_ref("Health"), "The server is up.")},
+            }
+        },
+        "/api/v1/openapi.json": {
+            "get": {
+                "summary": "This document",
+                "operationId": "openapi",
+                "security": [],
+                "responses": {"200": _json({"type": "object"}, "The OpenAPI document.")},
+            }
+        },
+        "/api/v1/runs": _read(
+            "List runs",
+            [_statuses(records.RunStatus), _LIMIT, _CURSOR],
+            _json(_ref("RunPage"), "Runs, newest first."),
+            "400",
+        ),
+        "/api/v1/runs/{run_id}": _read(
+            "Get a run", [_RUN_ID], _json(_ref("Run"), "The run."), "404"
+        ),
+        "/api/v1/runs/{run_id}/timeline": _read(
+            "Get a run's timeline",
+            [_RUN_ID],
+            _json(_ref("Timeline"), "Steps with attempts, effects and compensations; events."),
+            "404",
+        ),
+        "/api/v1/effects": _read(
+            "List effects",
+            [
+                _statuses(records.StepStatus),
+                {**_RUN_ID, "in": "query", "required": False, "description": "Of one run only."},
+                _LIMIT,
+                _CURSOR,
+            ],
+            _json(_ref("EffectPage"), "External effects, oldest first."),
+            "400",
+            "404",
+        ),
+        "/api/v1/attention": _read(
+            "List the attention queue",
+            [{**_LIMIT, "schema": {**_LIMIT["schema"], "default": MAX_LIMIT}}],
+            _json(_ref("AttentionList"), "What waits for a person, oldest first."),
+            "400",
+        ),
+        "/api/v1/effects/{effect_id}/resolve": _action(
+            "Resolve an unknown effect",
+            "A person settles an effect in doubt: it happened or it did not. Then resume the run.",
+            [effect_id],
+            _ref("ResolveRequest"),
+            _json(_ref("Effect"), "The effect as settled."),
+            body_required=True,
+        ),
+        "/api/v1/runs/{run_id}/steps/{step_id}/approve": _action(
+            "Approve a step",
+            "Approve a step waiting for approval; the run continues in the server's process.",
+            [_RUN_ID, step_id],
+            _ref("ApproveRequest"),
+            run_ok,
+            body_required=True,
+        ),
+        "/api/v1/runs/{run_id}/cancel": _action(
+            "Cancel a run",
+            "Cancel a run and answer what it left in the world.",
+            [_RUN_ID],
+            _ref("CancelRequest"),
+            _json(_ref("Inventory"), "What the run left in the world."),
+        ),
+        "/api/v1/runs/{run_id}/compensate": _action(
+            "Compensate a run",
+            "The business goal is abandoned: compensate the run's effects per its contracts.",
+            [_RUN_ID],
+            _ref("CompensateRequest"),
+            run_ok,
+            body_required=True,
+        ),
+        "/api/v1/runs/{run_id}/resume": _action(
+            "Resume a run",
+            "Continue a paused, interrupted or failed run in the server's process.",
+            [_RUN_ID],
+            _ref("ResumeRequest"),
+            run_ok,
+        ),
+    }
+    return {
+        "openapi": "3.1.0",
+        "info": {
+            "title": "effectflow",
+            "version": effectflow.__version__,
+            "description": "Runs, their timelines and effects, the attention queue, and the "
+            "decisions people take on them. Errors are RFC 9457 problem documents with a stable "
+            "`code`.",
+        },
+        "servers": [{"url": "/"}],
+        "security": [{"bearer": []}],
+        "paths": paths,
+        "components": {
+            "securitySchemes": {
+                "bearer": {
+                    "type": "http",
+                    "scheme": "bearer",
+                    "description": "A token the server maps to one tenant.",
+                }
+            },
+            "schemas": schemas,
+            "responses": {
+                "BadRequest": _problem_response("A malformed request, parameter or cursor."),
+                "Unauthorized": _problem_response("No token, or an unknown one."),
+                "NotFound": _problem_response("No such run or effect in this tenant."),
+                "Conflict": _problem_response(
+                    "Stale state, an id already used otherwise, or the same key in progress."
+                ),
+                "Unprocessable": _problem_response(
+                    "The Idempotency-Key was used for another request, or the runtime refused an "
+                    "argument."
+                ),
+            },
+        },
+    }

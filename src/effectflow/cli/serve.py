@@ -1,0 +1,118 @@
+"""``effectflow serve``: the HTTP API (and the web console, when installed) under uvicorn."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+from pathlib import Path
+from types import FrameType
+from typing import Annotated
+
+import typer
+import yaml
+
+
+def parse_tokens(text: str) -> dict[str, str]:
+    """Tokens from ``tok1=tenant1,tok2=tenant2`` (the ``EFFECTFLOW_TOKENS`` form).
+
+    Raises:
+        typer.BadParameter: an entry is not ``token=tenant``.
+    """
+    tokens: dict[str, str] = {}
+    for entry in (e.strip() for e in text.split(",")):
+        if not entry:
+            continue
+        token, sep, tenant = entry.partition("=")
+        if not sep or not token.strip() or not tenant.strip():
+            raise typer.BadParameter(
+                f"{entry!r} is not token=tenant", param_hint="EFFECTFLOW_TOKENS"
+            )
+        tokens[token.strip()] = tenant.strip()
+    return tokens
+
+
+def load_tokens(path: Path) -> dict[str, str]:
+    """Tokens from a YAML or JSON file holding one mapping of token to tenant.
+
+    Raises:
+        typer.BadParameter: the file cannot be read or is not such a mapping.
+    """
+    try:
+        text = path.read_text(encoding="utf-8")
+        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    except (OSError, ValueError, yaml.YAMLError) as exc:
+        raise typer.BadParameter(f"cannot read {path}: {exc}", param_hint="--tokens") from exc
+    if not isinstance(data, dict) or not data:
+        raise typer.BadParameter(
+            f"{path} must hold a mapping of token to tenant", param_hint="--tokens"
+        )
+    tokens = {str(k): str(v) for k, v in data.items() if k and v}
+    if len(tokens) != len(data):
+        raise typer.BadParameter(f"{path}: empty token or tenant", param_hint="--tokens")
+    return tokens
+
+
+def serve(
+    db: Annotated[
+        str,
+        typer.Option("--db", envvar="EFFECTFLOW_DB", help="Ledger URL (sqlite:///path.db)."),
+    ] = "sqlite:///effectflow.db",
+    tokens_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--tokens",
+            help="YAML or JSON file mapping each bearer token to its tenant. Without it, "
+            "EFFECTFLOW_TOKENS='tok1=tenant1,tok2=tenant2' is read.",
+        ),
+    ] = None,
+    host: Annotated[str, typer.Option("--host", help="Interface to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", min=0, max=65535, help="Port.")] = 8000,
+    app: Annotated[
+        str | None,
+        typer.Option(
+            "--app",
+            help="module or module:object to import so the application's tools and workflows "
+            "are registered (approve, resume, cancel and compensate drive runs here).",
+        ),
+    ] = None,
+    request_keys: Annotated[
+        str | None,
+        typer.Option(
+            "--idempotency-db",
+            help="SQLite file of the Idempotency-Key table (default: beside a SQLite ledger).",
+        ),
+    ] = None,
+) -> None:
+    """Serve the HTTP API under /api/v1 (OpenAPI at /api/v1/openapi.json); SIGTERM exits 0."""
+    import uvicorn
+
+    from effectflow import errors
+    from effectflow.api import create_app
+
+    if tokens_file is not None:
+        tokens = load_tokens(tokens_file)
+    elif os.environ.get("EFFECTFLOW_TOKENS"):
+        tokens = parse_tokens(os.environ["EFFECTFLOW_TOKENS"])
+    else:
+        raise typer.BadParameter(
+            "give --tokens FILE or set EFFECTFLOW_TOKENS", param_hint="--tokens"
+        )
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        application = create_app(db, tokens, app_module=app, request_keys_path=request_keys)
+    except (ImportError, AttributeError) as exc:
+        raise typer.BadParameter(f"cannot load {app!r}: {exc}", param_hint="--app") from exc
+    except errors.EffectflowError as exc:
+        typer.echo(f"effectflow serve: {exc}", err=True)
+        raise typer.Exit(2) from None
+
+    # uvicorn shuts down gracefully on SIGTERM, then re-raises the signal it caught; this handler
+    # receives that re-raise, so a requested stop ends with exit code 0 instead of death by signal.
+    def stopped(signum: int, frame: FrameType | None) -> None:
+        pass
+
+    signal.signal(signal.SIGTERM, stopped)
+    uvicorn.run(application, host=host, port=port, log_level="info")
