@@ -1,0 +1,97 @@
+"""The console end to end in a real headless Chromium (Debian's package, driven by Playwright).
+
+An operator signs in, finds the run whose email is unknown in the attention queue, confirms it with
+evidence through the page, and sees the run continue to its end. Screenshots of each stage are saved
+under ``test-output/console/`` (and the test's tmp dir).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import uvicorn
+from starlette.applications import Starlette
+
+from effectflow.testing import MailProvider
+
+ROOT = Path(__file__).resolve().parents[2]
+SHOTS = ROOT / "test-output" / "console"
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+pytestmark = pytest.mark.skipif(
+    CHROMIUM is None, reason="Debian's chromium is not installed (.ci/run installs it)"
+)
+
+
+@pytest.fixture
+def served(console_app: Starlette) -> Iterator[str]:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = uvicorn.Server(
+        uvicorn.Config(console_app, host="127.0.0.1", port=port, log_level="warning")
+    )
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert server.started, "the console did not start"
+    yield f"http://127.0.0.1:{port}"
+    server.should_exit = True
+    thread.join(10)
+
+
+def test_an_operator_confirms_an_unknown_effect_and_the_run_continues(
+    served: str, world: Path, tmp_path: Path
+) -> None:
+    from playwright.sync_api import expect, sync_playwright
+
+    mail = MailProvider(world / "mail.db")
+    [message] = mail.messages()
+    mail.close()
+    SHOTS.mkdir(parents=True, exist_ok=True)
+
+    def shot(page: object, name: str) -> None:
+        path = tmp_path / f"{name}.png"
+        page.screenshot(path=str(path), full_page=True)  # type: ignore[attr-defined]
+        shutil.copy(path, SHOTS / f"{name}.png")
+
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        try:
+            page = browser.new_page()
+            page.goto(f"{served}/runs")
+            expect(page.get_by_role("heading", name="Sign in")).to_be_visible()
+            page.get_by_label("API token").fill("tok-acme")
+            page.get_by_role("button", name="Sign in").click()
+            expect(page.get_by_role("heading", name="Runs")).to_be_visible()
+            expect(page.get_by_role("link", name="case-7")).to_be_visible()
+            shot(page, "1-runs")
+
+            page.get_by_role("link", name="1 item(s) need attention").click()
+            expect(page.get_by_role("heading", name="Needs attention")).to_be_visible()
+            confirm = page.get_by_role("form", name=re.compile("^Confirm eff_"))
+            confirm.get_by_label(re.compile("^Evidence")).fill(
+                json.dumps({"external_effect_id": message["provider_message_id"]})
+            )
+            confirm.get_by_label("Your name").fill("oncall-ana")
+            shot(page, "2-attention")
+            confirm.get_by_role("button", name="Confirm with evidence").click()
+
+            expect(page.get_by_role("status")).to_contain_text("confirmed")
+            expect(page.get_by_role("status")).to_contain_text("succeeded")
+            page.goto(f"{served}/runs/case-7")
+            expect(page.locator("#run-status")).to_have_text("succeeded")
+            expect(page.locator("#step-email")).to_contain_text(message["provider_message_id"])
+            shot(page, "3-run-continued")
+        finally:
+            browser.close()
