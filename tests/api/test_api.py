@@ -206,13 +206,14 @@ def test_effects_and_the_attention_queue(client: TestClient, rt: ef.Runtime) -> 
 
 
 class Ticks:
-    """A clock that repeats each instant three times: runs and effects tie on created_at."""
+    """A clock that answers each instant ``repeat`` times: runs and effects tie on created_at."""
 
-    def __init__(self) -> None:
+    def __init__(self, repeat: int = 3) -> None:
         self.counter = itertools.count()
+        self.repeat = repeat
 
     def __call__(self) -> float:
-        return 1_700_000_000.0 + next(self.counter) // 3
+        return 1_700_000_000.0 + next(self.counter) // self.repeat
 
 
 @pytest.mark.parametrize("limit", [1, 2, 3, 7, 50])
@@ -224,6 +225,8 @@ def test_cursor_pagination_walks_every_run_exactly_once(
     with ef.Runtime(url, tenant="acme", clock=Ticks()) as ticking:
         for n in range(17):
             ticking.submit(app.doubled, run_id=f"run{n:02}", n=n)
+        instants = {r.created_at for r in ticking.runs()}
+    assert len(instants) < 17, "some runs share an instant"
     with ef.Runtime(url, tenant="beta") as other:
         other.submit(app.doubled, run_id="beta-run", n=1)
     seen: list[str] = []
@@ -252,11 +255,13 @@ def test_cursor_pagination_walks_every_effect_exactly_once(
     client: TestClient, url: str, world: app.World, limit: int
 ) -> None:
     """Effects page oldest first; following next_cursor yields each once despite tied times."""
-    with ef.Runtime(url, tenant="acme", clock=Ticks()) as ticking:
+    with ef.Runtime(url, tenant="acme", clock=Ticks(repeat=40)) as ticking:
         for n in range(6):
             ticking.start(app.send_email, run_id=f"m{n}", to=f"u{n}@example.com")
-    expected = {e.effect_id for e in ticking_effects(url)}
+    effects = ticking_effects(url)
+    expected = {e.effect_id for e in effects}
     assert len(expected) == 6
+    assert len({e.created_at for e in effects}) < 6, "some effects share an instant"
     seen: list[str] = []
     cursor: str | None = None
     while True:
