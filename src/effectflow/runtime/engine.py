@@ -575,7 +575,6 @@ class StepMachine(SettleMixin, SimpleStepsMixin):
         st = self.state
         assert st.control is not None
         now = st.now()
-        effect = self._effect(step)
         batch = st.batch()
         ended = dataclasses.replace(
             attempt,
@@ -584,16 +583,7 @@ class StepMachine(SettleMixin, SimpleStepsMixin):
             error={"code": "cancelled", "message": "the run was cancelled before the call"},
         )
         batch.attempt(ended)
-        step = dataclasses.replace(
-            step, status=StepStatus.CANCELLED, next_action=NextAction.NONE, updated_at=now
-        )
-        effect = dataclasses.replace(
-            effect,
-            status=StepStatus.CANCELLED,
-            next_action=NextAction.NONE,
-            version=effect.version + 1,
-            updated_at=now,
-        )
+        step, effect = self._mark(step, StepStatus.CANCELLED, NextAction.NONE, now)
         batch.step(step)
         batch.effect(effect)
         batch.event(

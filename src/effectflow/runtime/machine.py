@@ -119,6 +119,21 @@ class MachineBase:
             )
         return required
 
+    def _mark(
+        self, step: records.StepRecord, status: StepStatus, next_action: NextAction, now: float
+    ) -> tuple[records.StepRecord, records.EffectRecord]:
+        """The step and its effect moved to ``status`` together (the effect's version bumped)."""
+        effect = self._effect(step)
+        step = dataclasses.replace(step, status=status, next_action=next_action, updated_at=now)
+        effect = dataclasses.replace(
+            effect,
+            status=status,
+            next_action=next_action,
+            version=effect.version + 1,
+            updated_at=now,
+        )
+        return step, effect
+
     def _effect(self, step: records.StepRecord) -> records.EffectRecord:
         cached = self.effect
         if cached is not None and cached.effect_id == step.effect_id:

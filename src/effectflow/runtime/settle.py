@@ -132,20 +132,7 @@ class SettleMixin(MachineBase):
     ) -> Generator[requests.Request, Any, None]:
         st = self.state
         now = st.now()
-        effect = self._effect(step)
-        step = dataclasses.replace(
-            step,
-            status=StepStatus.NEEDS_ATTENTION,
-            next_action=NextAction.ASK_A_PERSON,
-            updated_at=now,
-        )
-        effect = dataclasses.replace(
-            effect,
-            status=StepStatus.NEEDS_ATTENTION,
-            next_action=NextAction.ASK_A_PERSON,
-            version=effect.version + 1,
-            updated_at=now,
-        )
+        step, effect = self._mark(step, StepStatus.NEEDS_ATTENTION, NextAction.ASK_A_PERSON, now)
         batch = st.batch()
         batch.step(step)
         batch.effect(effect)
@@ -180,17 +167,7 @@ class SettleMixin(MachineBase):
         """Record a definite failure (it rides with the run's failure commit) and build the error."""
         st = self.state
         now = st.now()
-        effect = self._effect(step)
-        step = dataclasses.replace(
-            step, status=verdict.status, next_action=NextAction.NONE, updated_at=now
-        )
-        effect = dataclasses.replace(
-            effect,
-            status=verdict.status,
-            next_action=NextAction.NONE,
-            version=effect.version + 1,
-            updated_at=now,
-        )
+        step, effect = self._mark(step, verdict.status, NextAction.NONE, now)
         st.steps[self.step_id] = step
         st.pending.step(step)
         st.pending.effect(effect)
