@@ -34,17 +34,7 @@ def resolve(
     expected_version: int | None = None,
     decision_id: str | None = None,
 ) -> records.EffectRecord:
-    """A person settles an unknown effect: it happened (``committed=True``) or it did not.
-
-    The audit log records who decided and on what evidence. ``resume`` then continues the run:
-    a confirmed step returns the recorded result, a not-committed one is retried with its
-    original key.
-
-    Raises:
-        errors.EffectNotFound: no such effect for this tenant.
-        errors.StaleState: the effect moved on (another version, or it is no longer unknown).
-        errors.IdempotencyConflict: the same ``decision_id`` was used with other parameters.
-    """
+    """``Runtime.resolve`` (documented there)."""
     if not by:
         raise errors.ArgumentError("resolve needs `by`: the person (or system) deciding")
     evidence = digests.to_jsonable(evidence, path="evidence")
@@ -197,13 +187,7 @@ def approve(
     approval_id: str,
     note: str | None = None,
 ) -> records.RunRecord:
-    """A person approves a step waiting for approval (a financial write, a compensation); the
-    run then continues in this process. The approval id is recorded on the effect.
-
-    Raises:
-        errors.StaleState: the step is not waiting for an approval.
-        errors.IdempotencyConflict: ``approval_id`` was already used for something else.
-    """
+    """``Runtime.approve`` (documented there)."""
     if not approver or not approval_id:
         raise errors.ArgumentError("approve needs approver= and approval_id=")
     run = rt._require_run(run_id)
