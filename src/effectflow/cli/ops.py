@@ -380,6 +380,9 @@ def approve(
     approval_id: Annotated[
         str, typer.Option("--approval-id", help="The approval's own id (a ticket); unique.")
     ],
+    note: Annotated[
+        str | None, typer.Option("--note", help="Why it is approved (recorded with it).")
+    ] = None,
     app: AppOption = None,
     db: DbOption = DEFAULT_DB,
     tenant: TenantOption = "default",
@@ -387,7 +390,7 @@ def approve(
 ) -> None:
     """Approve a step waiting for approval; the run then continues in this process."""
     with _runtime("approve", db, tenant, app=app, as_json=as_json) as rt:
-        run = rt.approve(run_id, step_id, approver=approver, approval_id=approval_id)
+        run = rt.approve(run_id, step_id, approver=approver, approval_id=approval_id, note=note)
     _finish_run(run, as_json)
 
 
@@ -421,6 +424,7 @@ def cancel(
 
 def resume(
     run_id: RunArg,
+    by: ByOption = "operator",
     app: AppOption = None,
     db: DbOption = DEFAULT_DB,
     tenant: TenantOption = "default",
@@ -428,7 +432,7 @@ def resume(
 ) -> None:
     """Continue a run: an interrupted one, a paused one, or (redrive) a failed one."""
     with _runtime("resume", db, tenant, app=app, as_json=as_json) as rt:
-        run = rt.resume(run_id, by="operator")
+        run = rt.resume(run_id, by=by)
     _finish_run(run, as_json)
 
 
