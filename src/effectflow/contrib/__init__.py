@@ -1,0 +1,1 @@
+"""Integrations with other systems, one subpackage each; the core package never imports them."""
