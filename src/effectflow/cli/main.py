@@ -14,6 +14,7 @@ from typing import Annotated
 import typer
 
 from effectflow.cli import contracts as contracts_cli
+from effectflow.cli import mcp_gateway as mcp_gateway_cli
 from effectflow.cli import ops as ops_cli
 from effectflow.cli import serve as serve_cli
 from effectflow.cli import testing as testing_cli
@@ -38,6 +39,7 @@ audit_app = typer.Typer(
 app.add_typer(audit_app, name="audit")
 app.command("worker")(worker_cli.worker)
 app.command("serve")(serve_cli.serve)
+app.command("mcp-gateway")(mcp_gateway_cli.mcp_gateway)
 app.command("runs")(ops_cli.runs)
 app.command("show")(ops_cli.show)
 app.command("effects")(ops_cli.effects)
