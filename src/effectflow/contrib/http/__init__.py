@@ -1,0 +1,24 @@
+"""Tools that call an HTTP API, with every network failure mapped to what the runtime must know.
+
+``http_tool`` builds a write (or read) tool from a method and a URL template; ``http_lookup``
+builds the confirm tool that finds an effect by its idempotency key. Install with
+``pip install 'effectflow[http]'``.
+"""
+
+from effectflow.contrib.http.tools import (
+    DEFAULT_NOT_COMMITTED_STATUSES,
+    HttpIdempotencyConflict,
+    http_lookup,
+    http_tool,
+    signal_for_response,
+    signal_for_transport_error,
+)
+
+__all__ = [
+    "DEFAULT_NOT_COMMITTED_STATUSES",
+    "HttpIdempotencyConflict",
+    "http_lookup",
+    "http_tool",
+    "signal_for_response",
+    "signal_for_transport_error",
+]
