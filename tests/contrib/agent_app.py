@@ -164,7 +164,7 @@ def email_customer(
         raise _speak(exc) from exc
 
 
-TOOLS = [lookup_order, refund_payment, email_customer]
+TOOLS: list[ef.Tool[..., Any]] = [lookup_order, refund_payment, email_customer]
 
 
 def model() -> agents.ScriptedModel:

@@ -72,6 +72,8 @@ class Scenario(enum.StrEnum):
     REFUND = "refund"
     #: A deploy with a precondition meets a concurrent writer, re-observes and never overwrites.
     DEPLOY = "deploy"
+    #: A model uses tools; its worker is SIGKILLed mid-turn and no recorded turn is asked again.
+    AGENT = "agent"
 
 
 @app.command()
@@ -85,7 +87,8 @@ def demo(
         typer.Option(
             "--scenario",
             help="customer_case: SIGKILL and recovery; refund: approvals and compensation; "
-            "deploy: a precondition conflict and re-observation.",
+            "deploy: a precondition conflict and re-observation; agent: a model's tool calls "
+            "survive a SIGKILL without asking it again.",
         ),
     ] = Scenario.CUSTOMER_CASE,
 ) -> None:
@@ -105,6 +108,10 @@ def demo(
         from effectflow.demo import deploy
 
         raise typer.Exit(deploy.run(folder, console))
+    if scenario is Scenario.AGENT:
+        from effectflow.demo import agent
+
+        raise typer.Exit(agent.run(folder, console))
     from effectflow.demo import runner
 
     raise typer.Exit(runner.run(folder, console))
