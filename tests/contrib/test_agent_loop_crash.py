@@ -89,6 +89,7 @@ def test_killed_after_a_model_answer_asks_only_unrecorded_turns(tmp_path: Path) 
     asked_before = len(_asks(tmp_path))
     recorded = _recorded_turns(tmp_path)
     assert asked_before == 2
+    assert recorded == 1, "turn 1's answer was committed as soon as it came (durable)"
 
     recovered = _child(tmp_path, "--recover")
     assert json.loads(recovered.stdout) == {agent_app.RUN_ID: "succeeded"}, recovered.stderr
@@ -101,8 +102,8 @@ def test_killed_after_a_model_answer_asks_only_unrecorded_turns(tmp_path: Path) 
 
 
 def test_killed_after_the_refund_keeps_both_turns(tmp_path: Path) -> None:
-    """Killed right after the refund is recorded (turns 1 and 2 ride with it): recovery asks only
-    turn 3, and the email goes out once."""
+    """Killed right after the refund is recorded (turns 1 and 2 were committed as they came):
+    recovery asks only turn 3, and the email goes out once."""
     killed = _child(
         tmp_path,
         "--kill",

@@ -199,6 +199,10 @@ class ToolContract:
     approval: bool | None = None
     #: A tool that stops a call still in progress at the provider (called on cancel with the key).
     cancel: str | None = None
+    #: For pure/read tools: commit the recorded result before returning it, instead of letting it
+    #: ride with the next write. For results that are costly or not reproducible (a model's
+    #: answer): a crash after it is returned never asks again.
+    durable: bool = False
 
     @property
     def needs_approval(self) -> bool:
@@ -335,6 +339,7 @@ def tool(
     target: str | None = None,
     approval: bool | None = None,
     cancel: Tool[..., Any] | str | None = None,
+    durable: bool = False,
     register: bool = True,
 ) -> Callable[[Callable[P, R]], Tool[P, R]]:
     """Declare a tool and its side-effect contract (DESIGN §6).
@@ -371,6 +376,7 @@ def tool(
         target=target,
         approval=approval,
         cancel=_ref_of(cancel),
+        durable=durable,
     )
 
     def decorate(fn: Callable[P, R]) -> Tool[P, R]:

@@ -54,6 +54,8 @@ class SimpleStepsMixin(MachineBase):
                     request_digest=self.request_digest,
                     response_digest=digests.digest(output),
                 )
+                if self.contract.durable:
+                    yield requests.Commit(st.batch())
                 return output
             exc = result.error
             if isinstance(exc, errors.Rejected):

@@ -58,9 +58,10 @@ class AgentResult:
 _model: contextvars.ContextVar[Model] = contextvars.ContextVar("effectflow_agent_model")
 
 
-@tool("agent_model_turn", effect="pure")
+@tool("agent_model_turn", effect="pure", durable=True)
 def model_turn(messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> dict[str, Any]:
-    """One model call; its answer is recorded so recovery replays it instead of asking again."""
+    """One model call; its answer is committed before the loop goes on (``durable``), so recovery
+    replays it instead of asking again."""
     return normalize(_model.get().complete(messages, tools))
 
 
