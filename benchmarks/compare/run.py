@@ -136,9 +136,9 @@ def fmt(x: float) -> str:
 
 def markdown(results: dict[str, dict[str, Any]], missing: dict[str, str], repeats: int) -> str:
     lines = [
-        "| Workload | Framework | steps/s | overhead µs/step | peak RSS MiB | "
+        "| Workload | Framework | steps/s | steps/s min – max | overhead µs/step | peak RSS MiB | "
         "effectflow/peer steps/s | effectflow/peer overhead | effectflow/peer RSS |",
-        "|---|---|---:|---:|---:|---:|---:|---:|",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for workload in WORKLOADS:
         ef = results.get(f"effectflow/{workload}")
@@ -153,8 +153,10 @@ def markdown(results: dict[str, dict[str, Any]], missing: dict[str, str], repeat
                     f"{ef['overhead_us'] / r['overhead_us']:.2f}",
                     f"{ef['rss_mib'] / r['rss_mib']:.2f}",
                 ]
+            rates = [s["steps"] / s["with_s"] for s in r["samples"]]
             lines.append(
                 f"| {WORKLOAD_LABELS[workload]} | {name} | {fmt(r['steps_per_s'])} | "
+                f"{fmt(min(rates))} – {fmt(max(rates))} | "
                 f"{fmt(r['overhead_us'])} | {r['rss_mib']:.1f} | " + " | ".join(ratios) + " |"
             )
     lines += ["", f"Medians of {repeats} runs. Durability settings:"]
