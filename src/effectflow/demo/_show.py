@@ -6,7 +6,9 @@ Everything shown here is read from the ledger after the fact (``rt.steps``, ``rt
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import tempfile
+import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -217,3 +219,26 @@ def used_folder(console: Console, folder: Path) -> bool:
         console.print(f"[red]{escape(str(ledger))} exists: give --dir an empty folder[/]")
         return True
     return False
+
+
+def play(
+    name: str,
+    folder: Path | None,
+    console: Console | None,
+    scenario: Callable[[Path, Console, float], int],
+) -> int:
+    """Run a scenario in ``folder`` (a temporary one by default, removed afterwards).
+
+    Returns the scenario's exit code, or 2 when ``folder`` already holds a ledger.
+    """
+    console = console or Console()
+    started = time.perf_counter()
+    tmp = tempfile.TemporaryDirectory(prefix=f"effectflow-{name}-") if folder is None else None
+    where = Path(tmp.name) if tmp is not None else Path(folder or ".")
+    try:
+        if used_folder(console, where):
+            return 2
+        return scenario(where, console, started)
+    finally:
+        if tmp is not None:
+            tmp.cleanup()

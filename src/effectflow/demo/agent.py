@@ -20,7 +20,6 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -243,17 +242,9 @@ def run(folder: Path | None = None, console: Console | None = None) -> int:
     Returns 0 when the ledger and the providers tell the expected story, 1 when they do not, and
     2 when ``folder`` already holds a ledger.
     """
-    console = console or Console()
-    started = time.perf_counter()
-    tmp = tempfile.TemporaryDirectory(prefix="effectflow-agent-") if folder is None else None
-    where = Path(tmp.name) if tmp is not None else Path(folder or ".")
-    try:
-        if _show.used_folder(console, where):
-            return 2
-        return _play(use_folder(where), console, started)
-    finally:
-        if tmp is not None:
-            tmp.cleanup()
+    return _show.play(
+        "agent", folder, console, lambda where, out, started: _play(use_folder(where), out, started)
+    )
 
 
 _STEPS = ("step", "tool", "effect", "status", "attempts")

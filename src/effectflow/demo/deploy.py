@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -178,20 +177,10 @@ def run(folder: Path | None = None, console: Console | None = None) -> int:
     Returns 0 when the ledger and the provider tell the expected story, 1 when they do not, and
     2 when ``folder`` already holds a ledger.
     """
-    console = console or Console()
-    started = time.perf_counter()
-    tmp = tempfile.TemporaryDirectory(prefix="effectflow-deploy-") if folder is None else None
-    where = Path(tmp.name) if tmp is not None else Path(folder or ".")
-    try:
-        return _run(where, console, started)
-    finally:
-        if tmp is not None:
-            tmp.cleanup()
+    return _show.play("deploy", folder, console, _run)
 
 
 def _run(folder: Path, console: Console, started: float) -> int:
-    if _show.used_folder(console, folder):
-        return 2
     url = f"sqlite:///{folder / 'effects.db'}"
     console.rule("[bold]effectflow demo: deploy with a precondition")
     console.print(f"ledger  {url}\nworld   {folder}/deploy.db\n")

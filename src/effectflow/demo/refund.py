@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -257,20 +256,10 @@ def run(folder: Path | None = None, console: Console | None = None) -> int:
     Returns 0 when the ledger and the providers tell the expected story, 1 when they do not, and
     2 when ``folder`` already holds a ledger.
     """
-    console = console or Console()
-    started = time.perf_counter()
-    tmp = tempfile.TemporaryDirectory(prefix="effectflow-refund-") if folder is None else None
-    where = Path(tmp.name) if tmp is not None else Path(folder or ".")
-    try:
-        return _run(where, console, started)
-    finally:
-        if tmp is not None:
-            tmp.cleanup()
+    return _show.play("refund", folder, console, _run)
 
 
 def _run(folder: Path, console: Console, started: float) -> int:
-    if _show.used_folder(console, folder):
-        return 2
     url = f"sqlite:///{folder / 'effects.db'}"
     console.rule("[bold]effectflow demo: refund case 117")
     console.print(f"ledger  {url}\nworld   {folder}/{{payments,mail}}.db, complaint.json\n")
