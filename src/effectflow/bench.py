@@ -1,11 +1,20 @@
-"""A quick measurement of the runtime's per-step overhead, for ``effectflow bench``.
+"""The effectflow half of the peer comparison, for ``effectflow bench`` and ``benchmarks/compare``.
 
-Each configuration runs workflows of a few hundred steps on a fresh SQLite ledger in a temporary
-folder and times them against calling the same functions directly; the difference per step is the
-runtime's overhead. Step kinds: a *pure* step (its result rides with the next durable write) and an
-*external-write* step (intent and outcome, both durable), each with ``synchronous=FULL`` (the
-default, survives power loss) and ``NORMAL``. One sample each: ``benchmarks/core_overhead.py`` in
-the repository repeats them and reports medians and ranges (BENCHMARKS.md).
+Three workloads, the ones ``benchmarks/compare/run.py`` also runs on DBOS Transact and LangGraph:
+
+- ``sequential``: workflows of ``STEPS`` trivial pure steps, one after another;
+- ``concurrent``: the same, ``THREADS`` workflows at a time on as many threads sharing one Runtime;
+- ``write``: workflows of ``STEPS`` external-write steps, each appending a line to a file (the
+  simulated provider) through a tool with a lookup (``confirm=``), so intent and outcome are both
+  committed; sequential.
+
+``effectflow bench`` and ``benchmarks/compare/peer_effectflow.py`` both drive ``Workloads``, so the
+command runs literally the code the comparison measures; only the comparison repeats it and runs
+the peers beside it (BENCHMARKS.md, "Against the peers"). The tools and workflows live in a private
+registry, not the process-wide one, so they never mix with an application's.
+
+``benchmarks/compare/_common.py`` keeps a stdlib-only copy of ``Provider``, ``fan_out`` and the
+direct baseline: the peers run in virtual environments without effectflow.
 """
 
 from __future__ import annotations
@@ -15,79 +24,187 @@ import gc
 import shutil
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
+from effectflow.contracts import registry as registry_mod
 from effectflow.contracts import tool as tool_mod
 from effectflow.contracts import workflow as workflow_mod
+from effectflow.contracts.lookup import Lookup
 from effectflow.ledger.records import RunStatus
 from effectflow.runtime import context
 from effectflow.runtime.runtime import Runtime
 
-#: Step kinds measured.
-KINDS = ("pure", "external_write")
-#: SQLite durability modes measured.
-SYNC_MODES = ("FULL", "NORMAL")
-#: Steps per workflow run: long enough that the per-run cost is spread thin.
-STEPS_PER_RUN = 10
+#: Steps per workflow.
+STEPS = 10
+#: Workflows at a time (and threads) in the ``concurrent`` workload.
+THREADS = 8
+#: The workloads, in the order they run and are reported.
+WORKLOADS = ("sequential", "concurrent", "write")
+#: What each SQLite ``synchronous`` mode guarantees for a committed step (the ledger is in WAL mode).
+DURABILITY = {
+    "FULL": "survives power loss",
+    "NORMAL": "survives a process crash",
+}
+#: The SQLite durability modes, the default first.
+SYNC_MODES = tuple(DURABILITY)
 
 
-def _const() -> int:
+def const() -> int:
+    """The trivial pure step."""
     return 1
 
 
-def _write(n: int) -> dict[str, int]:
-    return {"id": n}
+class Sink(Protocol):
+    """What the write workload needs from its provider (``Provider`` or ``_common.Provider``)."""
+
+    def append(self, key: str, payload: str) -> None:
+        """Write one line under ``key``."""
+
+    def find(self, key: str) -> bool:
+        """Whether a line under ``key`` exists."""
 
 
-_pure_tool = tool_mod.tool("effectflow_bench_pure", register=False)(_const)
-_write_tool = tool_mod.tool("effectflow_bench_write", effect="external_write", register=False)(
-    _write
-)
+class Provider:
+    """The simulated provider: a file with one line per write (``key<TAB>payload``)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._fh = path.open("a", encoding="utf-8")
+
+    def append(self, key: str, payload: str) -> None:
+        """Write one line under ``key`` and flush it to the OS."""
+        self._fh.write(f"{key}\t{payload}\n")
+        self._fh.flush()
+
+    def find(self, key: str) -> bool:
+        """Whether a line under ``key`` exists (what the lookup asks)."""
+        with self.path.open(encoding="utf-8") as fh:
+            return any(line.split("\t", 1)[0] == key for line in fh)
+
+    def close(self) -> None:
+        """Close the file."""
+        self._fh.close()
 
 
-@workflow_mod.workflow("effectflow_bench_pure", register=False)
-def _pure_flow(ctx: context.Context, steps: int) -> None:
-    for i in range(steps):
-        ctx.call(f"s{i}", _pure_tool)
+def fan_out(workload: str, runs: int, one: Callable[[int], object]) -> None:
+    """Run ``one(r)`` for every run: on ``THREADS`` threads for "concurrent", else in order."""
+    if workload == "concurrent":
+        with ThreadPoolExecutor(THREADS) as pool:
+            list(pool.map(one, range(runs)))
+    else:
+        for r in range(runs):
+            one(r)
 
 
-@workflow_mod.workflow("effectflow_bench_write", register=False)
-def _write_flow(ctx: context.Context, steps: int) -> None:
-    for i in range(steps):
-        ctx.call(f"s{i}", _write_tool, n=i)
+def direct(workload: str, runs: int, provider: Sink) -> None:
+    """The same calls as a workload, made without any framework (the baseline of the overhead)."""
 
-
-_FLOWS: dict[str, workflow_mod.Workflow[..., Any]] = {
-    "pure": _pure_flow,
-    "external_write": _write_flow,
-}
-
-
-def _direct(kind: str, runs: int) -> None:
-    for _ in range(runs):
-        for i in range(STEPS_PER_RUN):
-            if kind == "pure":
-                _const()
+    def one(r: int) -> None:
+        for i in range(STEPS):
+            if workload == "write":
+                provider.append(f"direct-{r}-{i}", "x")
             else:
-                _write(i)
+                const()
+
+    fan_out(workload, runs, one)
+
+
+class Workloads:
+    """The three workloads' tools and workflows on one Runtime, writing to ``provider``."""
+
+    def __init__(self, url: str, provider: Sink) -> None:
+        # Built per instance so each closes over its own provider instead of a module global.
+        def find_line(*, idempotency_key: str) -> Lookup:
+            if provider.find(idempotency_key):
+                return Lookup.confirmed(external_effect_id=idempotency_key)
+            return Lookup.not_committed()
+
+        def append_line(payload: str, *, idempotency_key: str) -> dict[str, Any]:
+            provider.append(idempotency_key, payload)
+            return {"key": idempotency_key}
+
+        pure_tool = tool_mod.tool("effectflow_bench_const", register=False)(const)
+        find_tool = tool_mod.tool("effectflow_bench_find_line", effect="read", register=False)(
+            find_line
+        )
+        write_tool = tool_mod.tool(
+            "effectflow_bench_append_line",
+            effect="external_write",
+            confirm=find_tool,
+            register=False,
+        )(append_line)
+
+        @workflow_mod.workflow("effectflow_bench_pure", register=False)
+        def pure(ctx: context.Context) -> None:
+            for i in range(STEPS):
+                ctx.call(f"s{i}", pure_tool)
+
+        @workflow_mod.workflow("effectflow_bench_write", register=False)
+        def write(ctx: context.Context) -> None:
+            for i in range(STEPS):
+                ctx.call(f"w{i}", write_tool, payload="x")
+
+        registry = registry_mod.Registry()
+        for made in (pure_tool, find_tool, write_tool):
+            registry.add_tool(made)
+        for flow in (pure, write):
+            registry.add_workflow(flow)
+        self._flows: dict[str, workflow_mod.Workflow[..., None]] = {
+            "sequential": pure,
+            "concurrent": pure,
+            "write": write,
+        }
+        #: The runtime every workload runs on (one, shared by the threads of "concurrent").
+        self.rt = Runtime(url, registry=registry)
+
+    def run(
+        self, workload: str, runs: int, prefix: str, on_run: Callable[[], None] | None = None
+    ) -> None:
+        """Drive ``runs`` workflows of ``workload``, run ids ``{prefix}-{r}``; ``on_run`` after each.
+
+        Raises:
+            RuntimeError: a workflow did not succeed (the measurement would be meaningless).
+        """
+        flow = self._flows[workload]
+
+        def one(r: int) -> None:
+            run = self.rt.start(flow, run_id=f"{prefix}-{r}")
+            if run.status is not RunStatus.SUCCEEDED:
+                raise RuntimeError(f"benchmark run {run.run_id} ended {run.status}: {run.error}")
+            if on_run is not None:
+                on_run()
+
+        fan_out(workload, runs, one)
+
+    def close(self) -> None:
+        """Close the runtime."""
+        self.rt.close()
 
 
 @dataclasses.dataclass(frozen=True)
 class Result:
-    """One configuration's measurement."""
+    """One workload's measurement under one durability mode."""
 
-    #: ``pure`` or ``external_write``.
-    kind: str
-    #: ``FULL`` or ``NORMAL``.
+    #: ``sequential``, ``concurrent`` or ``write``.
+    workload: str
+    #: SQLite ``synchronous``: ``FULL`` or ``NORMAL``.
     synchronous: str
+    #: Workflows timed (after the warm-up).
+    workflows: int
     #: Steps timed.
     steps: int
     #: Wall time of the steps run through the runtime, in seconds.
     runtime_s: float
     #: Wall time of the same functions called directly, in seconds.
     direct_s: float
+
+    @property
+    def durability(self) -> str:
+        """What a committed step survives under this mode."""
+        return DURABILITY[self.synchronous]
 
     @property
     def overhead_us_per_step(self) -> float:
@@ -103,63 +220,77 @@ class Result:
         """A JSON-ready view, derived figures included."""
         return {
             **dataclasses.asdict(self),
+            "durability": self.durability,
             "overhead_us_per_step": self.overhead_us_per_step,
             "steps_per_s": self.steps_per_s,
         }
 
 
+def warmup_runs(workflows: int) -> int:
+    """Untimed workflows run first on the same ledger (as ``_common.main`` does)."""
+    return max(5, workflows // 10)
+
+
+def _timed(fn: Callable[[], object]) -> float:
+    gc.collect()
+    started = time.perf_counter()
+    fn()
+    return time.perf_counter() - started
+
+
 def measure(
-    kind: str,
+    workload: str,
     synchronous: str,
     folder: Path,
     *,
-    steps: int = 300,
+    workflows: int = 100,
     on_run: Callable[[], None] | None = None,
 ) -> Result:
-    """Time ``steps`` steps of ``kind`` (in runs of ``STEPS_PER_RUN``) on a fresh ledger in
-    ``folder``; ``on_run`` is called after each timed run (for a progress bar)."""
-    runs = max(1, steps // STEPS_PER_RUN)
-    flow = _FLOWS[kind]
-    db = folder / f"{kind}-{synchronous.lower()}.db"
-    rt = Runtime(f"sqlite:///{db}?synchronous={synchronous.lower()}", lease_ttl=60.0)
+    """Time ``workflows`` workflows of ``workload`` on a fresh ledger in ``folder``, after a warm-up,
+    and the same calls made directly; ``on_run`` is called after every workflow, warm-up included
+    (for a progress bar; from several threads in "concurrent")."""
+    if workload not in WORKLOADS or synchronous not in DURABILITY:
+        raise ValueError(f"unknown workload {workload!r} or synchronous mode {synchronous!r}")
+    if workflows < 1:
+        raise ValueError("workflows must be at least 1")
+    name = f"{workload}-{synchronous.lower()}"
+    warm = warmup_runs(workflows)
+    provider = Provider(folder / f"{name}-provider.txt")
     try:
-        for r in range(2):  # warm-up: caches, prepared statements, the WAL file
-            rt.start(flow, run_id=f"warmup-{r}", steps=STEPS_PER_RUN)
-        gc.collect()
-        started = time.perf_counter()
-        for r in range(runs):
-            run = rt.start(flow, run_id=f"timed-{r}", steps=STEPS_PER_RUN)
-            if run.status is not RunStatus.SUCCEEDED:
-                raise RuntimeError(f"benchmark run {run.run_id} ended {run.status}: {run.error}")
-            if on_run is not None:
-                on_run()
-        runtime_s = time.perf_counter() - started
+        direct(workload, warm, provider)
+        direct_s = _timed(lambda: direct(workload, workflows, provider))
+        bench = Workloads(
+            f"sqlite:///{folder / name}.db?synchronous={synchronous.lower()}", provider
+        )
+        try:
+            bench.run(workload, warm, "warm", on_run)
+            runtime_s = _timed(lambda: bench.run(workload, workflows, "timed", on_run))
+        finally:
+            bench.close()
     finally:
-        rt.close()
-    started = time.perf_counter()
-    _direct(kind, runs)
-    direct_s = time.perf_counter() - started
-    return Result(kind, synchronous, runs * STEPS_PER_RUN, runtime_s, direct_s)
+        provider.close()
+    return Result(workload, synchronous, workflows, workflows * STEPS, runtime_s, direct_s)
 
 
 def run_all(
     *,
-    steps: int = 300,
-    on_start: Callable[[str, str, int], None] | None = None,
+    sync_modes: Iterable[str] = ("FULL",),
+    workflows: int = 100,
+    on_start: Callable[[str, str], None] | None = None,
     on_run: Callable[[], None] | None = None,
 ) -> list[Result]:
-    """Every kind × durability mode on a temporary ledger that is removed afterwards.
-
-    ``on_start(kind, synchronous, runs)`` is called before each configuration.
-    """
+    """Every workload under each of ``sync_modes``, each on its own ledger in a temporary folder
+    that is removed afterwards. ``on_start(workload, synchronous)`` is called before each."""
     folder = Path(tempfile.mkdtemp(prefix="effectflow-bench-"))
     results = []
     try:
-        for synchronous in SYNC_MODES:
-            for kind in KINDS:
+        for synchronous in sync_modes:
+            for workload in WORKLOADS:
                 if on_start is not None:
-                    on_start(kind, synchronous, max(1, steps // STEPS_PER_RUN))
-                results.append(measure(kind, synchronous, folder, steps=steps, on_run=on_run))
+                    on_start(workload, synchronous)
+                results.append(
+                    measure(workload, synchronous, folder, workflows=workflows, on_run=on_run)
+                )
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     return results

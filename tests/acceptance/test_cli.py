@@ -199,15 +199,6 @@ def test_a_missing_ledger_file_is_a_usage_error(tmp_path: Path, ledger: Ledger) 
     assert not (tmp_path / "nope.db").exists()
 
 
-def test_bench_measures_every_configuration(ledger: Ledger) -> None:
-    """bench --json reports pure and external-write steps under FULL and NORMAL."""
-    rows = ledger.json("bench", "--steps", "20")
-    assert {(r["kind"], r["synchronous"]) for r in rows} == {
-        (kind, sync) for kind in ("pure", "external_write") for sync in ("FULL", "NORMAL")
-    }
-    assert all(r["steps"] == 20 and r["steps_per_s"] > 0 for r in rows)
-
-
 def _commands(command: Any, path: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...], Any]]:
     """Every command under ``command`` with its path (typer's groups have ``commands``)."""
     yield path, command

@@ -464,15 +464,30 @@ def compensate(
 
 
 def bench(
-    steps: Annotated[
-        int, typer.Option("--steps", min=10, help="Steps timed per configuration.")
-    ] = 300,
+    workflows: Annotated[
+        int,
+        typer.Option(
+            "--workflows", min=1, help="Workflows timed per workload (after a short warm-up)."
+        ),
+    ] = 100,
+    synchronous: Annotated[
+        str,
+        typer.Option(
+            "--synchronous",
+            metavar="full|normal|both",
+            help="SQLite durability: full (the default URL; survives power loss), normal "
+            "(survives a process crash) or both.",
+        ),
+    ] = "full",
     as_json: JsonOption = False,
 ) -> None:
-    """Measure the runtime's per-step overhead on a temporary SQLite ledger.
+    """Run the effectflow half of the peer comparison on a temporary SQLite ledger.
 
-    Pure and external-write steps, with synchronous FULL and NORMAL, one sample each
-    (benchmarks/core_overhead.py in the repository repeats them for medians).
+    The workloads of benchmarks/compare: sequential, 8 threads, external writes with a lookup.
+
+    One sample each, timed against the same functions called directly.
+
+    Side by side with DBOS and LangGraph: benchmarks/compare/run.py in the repository (BENCHMARKS.md).
     """
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
@@ -480,9 +495,14 @@ def bench(
     from effectflow import bench as bench_mod
     from effectflow.cli import render
 
+    modes = {"full": ["FULL"], "normal": ["NORMAL"], "both": list(bench_mod.SYNC_MODES)}
+    sync_modes = modes.get(synchronous.strip().lower())
+    if sync_modes is None:
+        raise typer.BadParameter(
+            f"{synchronous!r} is not one of full, normal, both", param_hint="--synchronous"
+        )
     err = Console(stderr=True)
-    configs = len(bench_mod.KINDS) * len(bench_mod.SYNC_MODES)
-    runs_each = max(1, steps // bench_mod.STEPS_PER_RUN)
+    per_workload = workflows + bench_mod.warmup_runs(workflows)
     with Progress(
         TextColumn("[progress.description]{task.description}"),
         BarColumn(),
@@ -491,13 +511,17 @@ def bench(
         transient=True,
         disable=not err.is_terminal,
     ) as progress:
-        task = progress.add_task("measuring", total=configs * runs_each)
+        total = len(sync_modes) * len(bench_mod.WORKLOADS) * per_workload
+        task = progress.add_task("measuring", total=total)
 
-        def starting(kind: str, synchronous: str, runs: int) -> None:
-            progress.update(task, description=f"{kind} steps, synchronous={synchronous}")
+        def starting(workload: str, mode: str) -> None:
+            progress.update(task, description=f"{workload}, synchronous={mode}")
 
         results = bench_mod.run_all(
-            steps=steps, on_start=starting, on_run=lambda: progress.advance(task)
+            sync_modes=sync_modes,
+            workflows=workflows,
+            on_start=starting,
+            on_run=lambda: progress.advance(task),
         )
     rows = [r.to_dict() for r in results]
     if as_json:

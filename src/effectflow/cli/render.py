@@ -265,19 +265,28 @@ def resolved_line(effect: records.EffectRecord) -> Text:
 
 
 def bench_table(results: Sequence[dict[str, Any]]) -> Table:
-    """``effectflow bench``: per-step overhead by step kind and durability."""
-    table = Table(title="runtime overhead per step (SQLite, this machine)", title_justify="left")
-    table.add_column("step kind")
-    table.add_column("synchronous")
+    """``effectflow bench``: throughput and per-step overhead by workload and durability."""
+    table = Table(
+        title="effectflow on the peer-comparison workloads (SQLite, this machine, one sample)",
+        title_justify="left",
+        caption="overhead = time through the runtime minus the same functions called directly.\n"
+        "Side by side with DBOS and LangGraph: python benchmarks/compare/run.py in the effectflow "
+        'repository; published figures: BENCHMARKS.md, "Against the peers".',
+        caption_justify="left",
+    )
+    table.add_column("workload")
     table.add_column("steps", justify="right")
-    table.add_column("overhead µs/step", justify="right")
     table.add_column("steps/s", justify="right")
+    table.add_column("overhead µs/step", justify="right")
+    table.add_column("synchronous")
+    table.add_column("durability")
     for row in results:
         table.add_row(
-            str(row["kind"]),
-            str(row["synchronous"]),
+            str(row["workload"]),
             str(row["steps"]),
-            f"{row['overhead_us_per_step']:.0f}",
-            f"{row['steps_per_s']:.0f}",
+            f"{row['steps_per_s']:,.0f}",
+            f"{row['overhead_us_per_step']:,.0f}",
+            str(row["synchronous"]),
+            str(row["durability"]),
         )
     return table
