@@ -26,3 +26,23 @@ def test_core_overhead_benchmark_runs_and_counts_commits(tmp_path: Path) -> None
     # finished) are spread over its 10 steps.
     assert by_workload[("external_write_x10", "FULL")]["commits_per_step"] == 2.2
     assert by_workload[("pure_x10", "FULL")]["commits_per_step"] == 0.2
+
+
+def test_peer_comparison_runs_effectflow_bench_workloads(tmp_path: Path) -> None:
+    """`compare/peer_effectflow.py write` (the code `effectflow bench` runs) prints its JSON line,
+    and every write reached the simulated provider once."""
+    script = SCRIPT.parent / "compare" / "peer_effectflow.py"
+    done = subprocess.run(
+        [sys.executable, str(script), "write", "--dir", str(tmp_path), "--runs", "2"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert (out["steps"], out["journal_mode"]) == (20, "wal")
+    keys = [line.split("\t")[0] for line in (tmp_path / "provider.txt").read_text().splitlines()]
+    # 5 warm-up and 2 timed workflows through effectflow, plus the direct baseline's own lines.
+    framework = [k for k in keys if not k.startswith("direct-")]
+    assert len(framework) == len(set(framework)) == 7 * 10
