@@ -95,9 +95,14 @@ def to_jsonable(value: Any, *, path: str = "$") -> Any:
     )
 
 
+#: One encoder for every canonical print: ``json.dumps`` with these options builds a new encoder a
+#: call, and the write path prints ~10 values a step.
+_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
 def canonical_json(value: Any) -> str:
     """Print already-normalized JSON one way only: sorted keys, no spaces, UTF-8 kept as is."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return _CANONICAL.encode(value)
 
 
 def dumps(value: Any) -> str:

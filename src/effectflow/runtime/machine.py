@@ -6,7 +6,6 @@ completion polling, approvals, asking a person) live in ``settle``.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
@@ -58,12 +57,12 @@ class MachineBase:
                 completion_state = str(reported)
         if completion_state is None and completion is not None:
             completion_state = completion.states[0]
-        effect = dataclasses.replace(
+        effect = records.evolve(
             effect,
             external_effect_id=ext_id,
             committed_at=effect.committed_at or now,
         )
-        step = dataclasses.replace(
+        step = records.evolve(
             step,
             output=output,
             external_effect_id=ext_id,
@@ -73,22 +72,20 @@ class MachineBase:
         if self._below_required(step):
             # Accepted, but the contract requires a later state: the effect exists, the step is not
             # complete until the provider reports the required state (or a person decides).
-            step = dataclasses.replace(
+            step = records.evolve(
                 step, status=StepStatus.AWAITING_COMPLETION, next_action=NextAction.WAIT
             )
-            effect = dataclasses.replace(
+            effect = records.evolve(
                 effect, status=StepStatus.AWAITING_COMPLETION, next_action=NextAction.WAIT
             )
             return step, effect
-        step = dataclasses.replace(
+        step = records.evolve(
             step,
             status=StepStatus.CONFIRMED,
             confirmed_at=now,
             next_action=NextAction.USE_RESULT,
         )
-        effect = dataclasses.replace(
-            effect, status=StepStatus.CONFIRMED, next_action=NextAction.NONE
-        )
+        effect = records.evolve(effect, status=StepStatus.CONFIRMED, next_action=NextAction.NONE)
         return step, effect
 
     def _below_required(self, step: records.StepRecord) -> bool:
@@ -124,8 +121,8 @@ class MachineBase:
     ) -> tuple[records.StepRecord, records.EffectRecord]:
         """The step and its effect moved to ``status`` together (the effect's version bumped)."""
         effect = self._effect(step)
-        step = dataclasses.replace(step, status=status, next_action=next_action, updated_at=now)
-        effect = dataclasses.replace(
+        step = records.evolve(step, status=status, next_action=next_action, updated_at=now)
+        effect = records.evolve(
             effect,
             status=status,
             next_action=next_action,
@@ -271,12 +268,12 @@ class MachineBase:
     ) -> records.StepRecord:
         st = self.state
         if existing is not None:
-            return dataclasses.replace(
+            return records.evolve(
                 existing, status=status, output=output, error=error, updated_at=now
             )
         previous = st.steps.get(self.step_id)
         if previous is not None:  # a new revision of a step keeps its place in the run
-            return dataclasses.replace(
+            return records.evolve(
                 previous,
                 step_revision=revision,
                 logical_operation_id=None,

@@ -4,7 +4,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -40,9 +39,7 @@ class SimpleStepsMixin(MachineBase):
                 output = self._recordable(result.value)
                 st.faults.hit(FaultPoint.AFTER_PURE_RESULT, self.step_id)
                 step = self._step_record(existing, StepStatus.CONFIRMED, now, output=output)
-                step = dataclasses.replace(
-                    step, confirmed_at=now, next_action=NextAction.USE_RESULT
-                )
+                step = records.evolve(step, confirmed_at=now, next_action=NextAction.USE_RESULT)
                 st.steps[self.step_id] = step
                 st.link_previous(self.step_id, st.pending)
                 st.pending.step(step)
@@ -88,7 +85,7 @@ class SimpleStepsMixin(MachineBase):
     ) -> None:
         st = self.state
         step = self._step_record(existing, status, now, error=outcomes.error_of(exc))
-        step = dataclasses.replace(step, next_action=NextAction.NONE)
+        step = records.evolve(step, next_action=NextAction.NONE)
         st.steps[self.step_id] = step
         st.link_previous(self.step_id, st.pending)
         st.pending.step(step)
@@ -128,7 +125,7 @@ class SimpleStepsMixin(MachineBase):
             if result.error is None:
                 step = self._local_step
                 st.steps[self.step_id] = step
-                st.note_attempt(dataclasses.replace(attempt, outcome=Outcome.COMMITTED))
+                st.note_attempt(records.evolve(attempt, outcome=Outcome.COMMITTED))
                 return step.output
             # Rolled back: the tool's writes and the checkpoint are gone together. Record that.
             st.pending = deferred
@@ -143,13 +140,13 @@ class SimpleStepsMixin(MachineBase):
             batch = st.batch()
             st.link_previous(self.step_id, batch)
             step = self._step_record(existing, status, now, error=error)
-            step = dataclasses.replace(
+            step = records.evolve(
                 step,
                 effect_id=effect_id,
                 next_action=NextAction.EXECUTE if retryable else NextAction.NONE,
             )
             batch.step(step)
-            ended = dataclasses.replace(
+            ended = records.evolve(
                 attempt,
                 ended_at=now,
                 outcome=Outcome.REJECTED if rejected else Outcome.NOT_COMMITTED,
@@ -205,7 +202,7 @@ class SimpleStepsMixin(MachineBase):
             batch = st.batch()
             st.link_previous(self.step_id, batch)
             step = self._step_record(existing, StepStatus.CONFIRMED, now, output=output)
-            step = dataclasses.replace(
+            step = records.evolve(
                 step,
                 effect_id=effect_id,
                 confirmed_at=now,
@@ -214,7 +211,7 @@ class SimpleStepsMixin(MachineBase):
             )
             batch.step(step)
             batch.attempt(
-                dataclasses.replace(
+                records.evolve(
                     attempt,
                     ended_at=now,
                     outcome=Outcome.COMMITTED,

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import random
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -96,6 +95,6 @@ class RunState:
             return
         before = self.steps.get(prev)
         if before is not None and before.next_step != step_id:
-            linked = dataclasses.replace(before, next_step=step_id)
+            linked = records.evolve(before, next_step=step_id)
             self.steps[prev] = linked
             batch.step(linked)
