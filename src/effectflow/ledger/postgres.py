@@ -40,6 +40,7 @@ from effectflow.ledger.store import (
     Batch,
     DecisionRecord,
     OperationBinding,
+    parse_durability,
 )
 
 T = TypeVar("T")
@@ -62,7 +63,7 @@ _UNSETTLED = [
     )
 ]
 #: URL query options the store reads itself; every other one goes to libpq as is.
-_OWN_OPTIONS = ("pool_max",)
+_OWN_OPTIONS = ("pool_max", "durability")
 
 
 def parse_url(url: str) -> tuple[str, dict[str, str]]:
@@ -250,7 +251,8 @@ class _ToolConnection:
 class PostgresStore:
     """A ledger in a PostgreSQL database. Thread-safe: every call takes a pooled connection.
 
-    URL options (the query string): ``pool_max`` (default 8) bounds the pool; the rest go to libpq
+    URL options (the query string): ``pool_max`` (default 8) bounds the pool; ``durability``
+    (``full``, the default, or ``intents``: see ``store.DURABILITY``); the rest go to libpq
     (``sslmode``, ``connect_timeout``, ``application_name``, ...).
     """
 
@@ -268,6 +270,8 @@ class PostgresStore:
             )
         #: Most connections the pool opens.
         self.pool_max = pool_max
+        #: ``full`` or ``intents``: whether a call's outcome waits for its WAL flush.
+        self.durability = parse_durability(redacted(url), options.get("durability"))
         #: Group transactions a process may have in flight at once (the rest of the pool serves
         #: reads and heartbeats).
         self.max_concurrent_writers = max(1, pool_max // 2)
@@ -335,7 +339,7 @@ class PostgresStore:
             yield conn
 
     @contextmanager
-    def _batch(self) -> Iterator[Connection]:
+    def _batch(self, *, deferrable: bool = False) -> Iterator[Connection]:
         """A pipelined transaction: a statement whose result is not read travels with the next
         one that is, or with the COMMIT. Applying a batch costs two round trips (the fence, the
         commit) and one per operation binding, instead of one per statement.
@@ -345,6 +349,10 @@ class PostgresStore:
         """
         with self._pool.connection() as conn, _pipeline(conn):
             conn.execute("BEGIN")
+            if deferrable and self.durability == "intents":
+                # An asynchronous commit: PostgreSQL's WAL is one sequence, so the next
+                # synchronous commit's flush makes this one durable too.
+                conn.execute("SET LOCAL synchronous_commit TO off")
             yield conn
             conn.execute("COMMIT")
 
@@ -357,7 +365,7 @@ class PostgresStore:
 
     def apply(self, batch: Batch, *, lease_ttl: float, now: float) -> dict[str, Any] | None:
         """Commit one batch in one transaction (see ``LedgerStore.apply``)."""
-        with self._batch() as conn:
+        with self._batch(deferrable=batch.deferrable) as conn:
             return self._apply_txn(conn, batch, lease_ttl=lease_ttl, now=now)
 
     def apply_with(
@@ -386,7 +394,7 @@ class PostgresStore:
         # Runs are locked in run-id order (as heartbeats lock them), so two transactions sharing
         # runs cannot deadlock; the sort is stable, so batches of one run keep their order.
         order = sorted(range(len(batches)), key=lambda i: batches[i].run_id)
-        with self._batch() as conn:
+        with self._batch(deferrable=all(b.deferrable for b in batches)) as conn:
             for i in order:
                 conn.execute("SAVEPOINT batch")
                 try:

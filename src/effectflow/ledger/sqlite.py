@@ -1,9 +1,11 @@
 """The embedded SQLite ledger: one file, WAL, stdlib ``sqlite3``.
 
-Durability: ``synchronous=FULL`` by default, so an intent that was committed survives power loss,
-not just a process crash (``?synchronous=normal`` in the URL trades that for speed; the benchmark
-says by how much). Writers take ``BEGIN IMMEDIATE`` so two processes on one file serialize instead of
-failing mid-transaction.
+Durability: ``synchronous=FULL`` by default, so a commit survives power loss, not just a process
+crash (``?synchronous=normal`` in the URL trades that for speed; the benchmark says by how much).
+``?durability=intents`` keeps FULL for intents and lets a call's outcome commit at NORMAL: it
+becomes power-safe with the next FULL commit, which syncs the whole WAL (``store.DURABILITY``).
+Writers take ``BEGIN IMMEDIATE`` so two processes on one file serialize instead of failing
+mid-transaction.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from effectflow.ledger.store import (
     Batch,
     DecisionRecord,
     OperationBinding,
+    parse_durability,
 )
 
 T = TypeVar("T")
@@ -92,9 +95,14 @@ _EFFECT_FIELDS = _fields(records.EffectRecord)
 _AUDIT_FIELDS = _fields(records.AuditEvent)
 
 
-def _upsert_sql(table: str, fields: list[str], keys: tuple[str, ...]) -> str:
+def _upsert_sql(
+    table: str, fields: list[str], keys: tuple[str, ...], fixed: tuple[str, ...] = ()
+) -> str:
+    # ``fixed``: indexed columns a record never changes after its insert. SQLite rewrites the
+    # entries of every index whose columns appear in the SET list, changed or not; leaving them
+    # out spares each outcome commit those index pages (fewer pages to write and fsync).
     cols = [_column(f) for f in fields]
-    updates = ", ".join(f"{c} = excluded.{c}" for c in cols if c not in keys)
+    updates = ", ".join(f"{c} = excluded.{c}" for c in cols if c not in keys and c not in fixed)
     return (
         f"INSERT INTO {table} ({', '.join(cols)}) VALUES ({', '.join('?' for _ in cols)}) "
         f"ON CONFLICT ({', '.join(keys)}) DO UPDATE SET {updates}"
@@ -102,8 +110,15 @@ def _upsert_sql(table: str, fields: list[str], keys: tuple[str, ...]) -> str:
 
 
 _UPSERT_STEP = _upsert_sql("steps", _STEP_FIELDS, ("run_id", "step_id"))
-_UPSERT_ATTEMPT = _upsert_sql("attempts", _ATTEMPT_FIELDS, ("attempt_id",))
-_UPSERT_EFFECT = _upsert_sql("effects", _EFFECT_FIELDS, ("effect_id",))
+_UPSERT_ATTEMPT = _upsert_sql(
+    "attempts", _ATTEMPT_FIELDS, ("attempt_id",), fixed=("run_id", "step_id", "number")
+)
+_UPSERT_EFFECT = _upsert_sql(
+    "effects",
+    _EFFECT_FIELDS,
+    ("effect_id",),
+    fixed=("run_id", "step_id", "created_at", "compensates"),
+)
 _RUN_COLUMNS = [_column(f) for f in _RUN_FIELDS]
 _INSERT_RUN = (
     f"INSERT INTO runs ({', '.join(_RUN_COLUMNS)}, audit_head, audit_count) "
@@ -112,11 +127,9 @@ _INSERT_RUN = (
 
 
 def _row_values(record: Any, fields: list[str]) -> list[Any]:
-    values = []
-    for field in fields:
-        value = getattr(record, field)
-        values.append(_dumps(value) if field in _JSON_FIELDS else value)
-    return values
+    # Read the instance dict directly: seven records a step go through here.
+    values = record.__dict__
+    return [_dumps(values[field]) if field in _JSON_FIELDS else values[field] for field in fields]
 
 
 def _from_row(cls: type[T], fields: list[str], row: sqlite3.Row) -> T:
@@ -173,6 +186,16 @@ class SQLiteStore:
         self.path = path
         #: The ``PRAGMA synchronous`` mode in force (FULL survives power loss).
         self.synchronous = _SYNC_MODES[sync]
+        #: ``full`` or ``intents``: whether a call's outcome waits for its own fsync.
+        self.durability = parse_durability(url, options.get("durability"))
+        # With ``intents`` a deferrable batch commits at NORMAL: written to the WAL, not synced.
+        # The next FULL commit syncs the WAL file, and with it every frame written before it.
+        self._deferred_sync = (
+            "NORMAL"
+            if self.durability == "intents" and self.synchronous in ("FULL", "EXTRA")
+            else self.synchronous
+        )
+        self._sync_now = self.synchronous
         #: How long an idle worker sleeps between looks for work (no LISTEN/NOTIFY in SQLite).
         self.poll_interval = float(options.get("poll_interval", 0.1))
         if path != ":memory:":
@@ -217,8 +240,13 @@ class SQLiteStore:
         return int(row[0] or 0)
 
     @contextmanager
-    def _write(self) -> Iterator[sqlite3.Connection]:
+    def _write(self, *, deferrable: bool = False) -> Iterator[sqlite3.Connection]:
         with self._lock:
+            # PRAGMA synchronous is the connection's, read at each commit: set it per transaction.
+            sync = self._deferred_sync if deferrable else self.synchronous
+            if sync != self._sync_now:
+                self._conn.execute(f"PRAGMA synchronous={sync}")
+                self._sync_now = sync
             self._conn.execute("BEGIN IMMEDIATE")
             try:
                 yield self._conn
@@ -232,7 +260,7 @@ class SQLiteStore:
 
     def apply(self, batch: Batch, *, lease_ttl: float, now: float) -> dict[str, Any] | None:
         """Commit one batch in one transaction (see ``LedgerStore.apply``)."""
-        with self._write() as conn:
+        with self._write(deferrable=batch.deferrable) as conn:
             return self._apply_txn(conn, batch, lease_ttl=lease_ttl, now=now)
 
     def apply_with(
@@ -255,7 +283,7 @@ class SQLiteStore:
         """Group commit: every batch in one transaction, each inside a savepoint so one refused
         batch does not sink the others."""
         results: list[Applied] = []
-        with self._write() as conn:
+        with self._write(deferrable=all(b.deferrable for b in batches)) as conn:
             for batch in batches:
                 conn.execute("SAVEPOINT batch")
                 try:

@@ -109,6 +109,11 @@ class Batch:
     approvals: list[records.ApprovalRecord] = dataclasses.field(default_factory=list)
     #: Audit events, in order.
     audit: list[AuditDraft] = dataclasses.field(default_factory=list)
+    #: A call's outcome: on a ledger opened with ``durability=intents`` it commits without an
+    #: fsync of its own, surviving a process crash at once and power loss with the ledger's next
+    #: fsynced commit (see ``DURABILITY``). Intents, run starts and ends and people's actions are
+    #: never deferrable.
+    deferrable: bool = False
 
     def step(self, step: records.StepRecord) -> None:
         """Upsert a step row."""
@@ -347,6 +352,37 @@ class LedgerStore(Protocol):
     def close(self) -> None:
         """Release connections."""
         ...
+
+
+#: The ``durability`` URL option of both backends: which commits wait for the disk.
+DURABILITY = {
+    # Every commit is flushed to disk before it returns: everything recorded survives power loss.
+    "full": "every commit survives power loss",
+    # Intents (and run starts and ends, people's actions) are flushed before they return, so
+    # nothing is ever sent without a record that survives power loss. A call's outcome is written
+    # without its own flush: it survives a process crash at once, and power loss as soon as the
+    # ledger's next flushed commit lands (the run's next intent or its end). After a power loss in
+    # between, the step is in doubt and is settled the way a crash between call and record is:
+    # by the tool's lookup, or by a person.
+    "intents": "intents survive power loss; outcomes survive a process crash, and power loss "
+    "from the next flushed commit",
+}
+
+
+def parse_durability(url: str, value: str | None) -> str:
+    """The ``durability`` option's value, checked.
+
+    Raises:
+        errors.ContractError: an unknown value (names the URL and the values allowed).
+    """
+    mode = (value or "full").strip().lower()
+    if mode not in DURABILITY:
+        raise errors.ContractError(
+            f"{url!r}: durability={value!r}; use one of {sorted(DURABILITY)} (full, the default: "
+            "every commit survives power loss; intents: call outcomes survive power loss from "
+            "the next flushed commit)"
+        )
+    return mode
 
 
 def open_store(url: str) -> LedgerStore:

@@ -1,0 +1,183 @@
+"""The ``durability`` ledger option on both backends: which commits wait for the disk.
+
+``durability=full`` (the default) flushes every commit. ``durability=intents`` flushes intents, run
+starts and ends and people's actions, and lets a call's outcome commit without a flush of its own:
+SQLite commits it at ``synchronous=NORMAL``, PostgreSQL with ``synchronous_commit=off``. On both, the
+log is one sequence, so the next flushed commit makes the deferred one durable too. A power cut in
+between leaves the step with its intent and no outcome: the state a crash between call and record
+leaves, which the crash tests settle through the lookup (tests/crash).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from effectflow import bench, errors
+from effectflow.ledger import postgres as postgres_backend
+from effectflow.ledger import sqlite as sqlite_backend
+from effectflow.ledger.records import StepStatus
+from effectflow.ledger.store import Batch, LedgerStore, open_store
+
+if TYPE_CHECKING:
+    from conftest import Backend
+
+
+def _with_option(url: str, option: str) -> str:
+    return f"{url}&{option}" if "?" in url else f"{url}?{option}"
+
+
+@contextlib.contextmanager
+def _workloads(url: str, tmp_path: Path) -> Iterator[bench.Workloads]:
+    """The benchmark's workloads (ten external writes a run: intent, call, outcome) on ``url``."""
+    provider = bench.Provider(tmp_path / "provider.txt")
+    workloads = bench.Workloads(url, provider)
+    try:
+        yield workloads
+    finally:
+        workloads.close()
+        provider.close()
+
+
+def test_only_call_outcomes_are_deferrable(
+    backend: Backend, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The engine marks exactly the outcome commits: never an intent, a run's start or its end."""
+    seen: list[tuple[bool, list[str]]] = []
+    with _workloads(_with_option(backend.url, "durability=intents"), tmp_path) as workloads:
+        store = workloads.rt.store
+        apply = store.apply
+
+        def recording(batch: Batch, **kw: Any) -> dict[str, Any] | None:
+            seen.append((batch.deferrable, [event.kind for event in batch.audit]))
+            return apply(batch, **kw)
+
+        monkeypatch.setattr(store, "apply", recording)
+        workloads.run("write", 2, "marks")
+    deferred = [kinds for deferrable, kinds in seen if deferrable]
+    flushed = [kinds for deferrable, kinds in seen if not deferrable]
+    assert len(deferred) == 20
+    assert all(kinds == ["outcome"] for kinds in deferred)
+    assert sum(kinds.count("intent") for kinds in flushed) == 20
+    assert not any("outcome" in kinds for kinds in flushed)
+    assert any("run_started" in kinds for kinds in flushed)
+    assert any("run_succeeded" in kinds for kinds in flushed)
+
+
+def test_intents_mode_records_the_same_facts(backend: Backend, tmp_path: Path) -> None:
+    """Deferring the flush changes no record: every step confirmed, the audit chain intact."""
+    with _workloads(_with_option(backend.url, "durability=intents"), tmp_path) as workloads:
+        workloads.run("write", 3, "dur")
+        store: LedgerStore = workloads.rt.store
+        assert store.durability == "intents"  # type: ignore[attr-defined]
+        for r in range(3):
+            steps = store.steps(f"dur-{r}")
+            assert [s.status for s in steps] == [StepStatus.CONFIRMED] * 10
+        assert store.verify_audit() == []
+
+
+@pytest.mark.parametrize("value", ["fast", "none", "NORMAL"])
+def test_an_unknown_durability_is_refused_before_anything_is_written(
+    backend: Backend, value: str, tmp_path: Path
+) -> None:
+    url = backend.url
+    if backend.name == "sqlite":
+        url = f"sqlite:///{tmp_path / 'never.db'}"
+    with pytest.raises(errors.ContractError) as caught:
+        open_store(_with_option(url, f"durability={value}"))
+    message = str(caught.value)
+    for needed in (f"durability={value!r}", "full", "intents"):
+        assert needed in message
+    assert not (tmp_path / "never.db").exists()
+
+
+def test_default_is_full(backend: Backend) -> None:
+    store = backend.open()
+    try:
+        assert store.durability == "full"  # type: ignore[attr-defined]
+    finally:
+        store.close()
+
+
+# -- SQLite: the synchronous mode of each transaction --------------------------------------------
+
+
+def _traced_sqlite(url: str, tmp_path: Path) -> list[str]:
+    """The statements one run of ten external writes sends to SQLite."""
+    statements: list[str] = []
+    with _workloads(url, tmp_path) as workloads:
+        store = workloads.rt.store
+        assert isinstance(store, sqlite_backend.SQLiteStore)
+        store._conn.set_trace_callback(statements.append)
+        workloads.run("write", 1, "trace")
+        store._conn.set_trace_callback(None)
+    return statements
+
+
+def _sync_of_each_commit(statements: list[str]) -> list[str]:
+    """For each COMMIT, the synchronous mode last set before it."""
+    mode, modes = "FULL", []
+    for sql in statements:
+        if sql.upper().startswith("PRAGMA SYNCHRONOUS="):
+            mode = sql.split("=", 1)[1].strip().upper()
+        elif sql.strip().upper() == "COMMIT":
+            modes.append(mode)
+    return modes
+
+
+def test_sqlite_intents_commit_outcomes_at_normal_and_intents_at_full(tmp_path: Path) -> None:
+    statements = _traced_sqlite(f"sqlite:///{tmp_path / 'intents.db'}?durability=intents", tmp_path)
+    modes = _sync_of_each_commit(statements)
+    # One run of ten writes: start, then intent (FULL) / outcome (NORMAL) ten times, then the end.
+    assert modes == ["FULL"] + ["FULL", "NORMAL"] * 10 + ["FULL"]
+
+
+def test_sqlite_default_flushes_every_commit(tmp_path: Path) -> None:
+    statements = _traced_sqlite(f"sqlite:///{tmp_path / 'full.db'}", tmp_path)
+    assert not any("synchronous" in sql.lower() for sql in statements)
+    assert set(_sync_of_each_commit(statements)) == {"FULL"}
+
+
+def test_sqlite_intents_on_a_normal_ledger_changes_nothing(tmp_path: Path) -> None:
+    """``synchronous=normal`` flushes nothing per commit already; intents mode must not raise it."""
+    db = tmp_path / "normal.db"
+    statements = _traced_sqlite(f"sqlite:///{db}?synchronous=normal&durability=intents", tmp_path)
+    assert not any("synchronous" in sql.lower() for sql in statements)
+    with sqlite3.connect(db) as conn:
+        assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+
+
+# -- PostgreSQL: synchronous_commit of each transaction -----------------------------------------
+
+
+def _synchronous_commit(store: postgres_backend.PostgresStore, *, deferrable: bool) -> str:
+    with store._batch(deferrable=deferrable) as conn:
+        row = conn.execute("SHOW synchronous_commit").fetchone()
+    assert row is not None
+    return str(row[0])
+
+
+def test_postgres_intents_commit_outcomes_asynchronously(pg_backend: Backend) -> None:
+    store = open_store(_with_option(pg_backend.url, "durability=intents"))
+    assert isinstance(store, postgres_backend.PostgresStore)
+    try:
+        assert _synchronous_commit(store, deferrable=True) == "off"
+        # SET LOCAL ends with its transaction: the next one on the same pool flushes again.
+        assert _synchronous_commit(store, deferrable=False) == "on"
+        assert _synchronous_commit(store, deferrable=False) == "on"
+    finally:
+        store.close()
+
+
+def test_postgres_default_commits_synchronously(pg_backend: Backend) -> None:
+    store = open_store(pg_backend.url)
+    assert isinstance(store, postgres_backend.PostgresStore)
+    try:
+        assert _synchronous_commit(store, deferrable=True) == "on"
+    finally:
+        store.close()
