@@ -1,12 +1,13 @@
 """The workloads on effectflow (SQLite ledger), run by the project's own virtual environment.
 
 The tools, workflows and thread fan-out are ``effectflow.bench.Workloads``, the code ``effectflow
-bench`` runs; this file only fits them to ``_common.main``. The ledger URL is the default one
-(WAL, ``synchronous=FULL``).
+bench`` runs; this file only fits them to ``_common.main``. The ledger is WAL with
+``synchronous=FULL``; ``EFFECTFLOW_DURABILITY`` picks the ``durability`` option (default ``full``).
 """
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -27,7 +28,9 @@ assert (_common.STEPS, _common.THREADS, _common.WORKLOADS) == (
 class Harness:
     def __init__(self, folder: Path, provider: _common.Provider) -> None:
         self.db = folder / "effectflow.db"
-        self._workloads = bench.Workloads(f"sqlite:///{self.db}", provider)
+        # EFFECTFLOW_DURABILITY=intents (run.py's "effectflow-intents"): outcomes without an fsync.
+        durability = os.environ.get("EFFECTFLOW_DURABILITY", "full")
+        self._workloads = bench.Workloads(f"sqlite:///{self.db}?durability={durability}", provider)
 
     def run(self, workload: str, runs: int, prefix: str) -> None:
         self._workloads.run(workload, runs, prefix)

@@ -40,16 +40,20 @@ PINS = {
 }
 WORKLOADS = ("sequential", "concurrent", "write")
 WORKLOAD_LABELS = {
-    "sequential": "200 workflows x 10 pure steps, sequential",
-    "concurrent": "200 workflows x 10 pure steps, 8 threads",
-    "write": "200 workflows x 10 write steps (append a line), sequential",
+    "sequential": "{runs} workflows x 10 pure steps, sequential",
+    "concurrent": "{runs} workflows x 10 pure steps, 8 threads",
+    "write": "{runs} workflows x 10 write steps (append a line), sequential",
 }
 
 
 # (name, venv, script, environment, what its durability setting is)
 CONFIGS: list[tuple[str, str | None, str, dict[str, str], str]] = [
     ("effectflow", None, "peer_effectflow.py", {},
-     "ledger WAL, synchronous=FULL (the default URL)"),
+     "ledger WAL, synchronous=FULL (the default URL): every commit survives power loss"),
+    ("effectflow-intents", None, "peer_effectflow.py", {"EFFECTFLOW_DURABILITY": "intents"},
+     "ledger WAL, durability=intents: intents (and run starts and ends) at synchronous=FULL, "
+     "survive power loss; call outcomes at NORMAL, survive a process crash at once and power "
+     "loss from the next FULL commit"),
     ("dbos", "dbos", "peer_dbos.py", {},
      "system DB journal_mode=DELETE, synchronous=FULL (SQLite defaults; DBOS sets neither)"),
     ("langgraph-sync", "langgraph", "peer_langgraph.py", {"LANGGRAPH_DURABILITY": "sync"},
@@ -134,7 +138,33 @@ def fmt(x: float) -> str:
     return f"{x:,.0f}" if x >= 100 else f"{x:,.1f}" if x >= 10 else f"{x:.2f}"
 
 
-def markdown(results: dict[str, dict[str, Any]], missing: dict[str, str], repeats: int) -> str:
+# The targets of issue 7: (label, numerator, denominator, at least).
+TARGETS = [
+    ("pure steps, sequential: effectflow / DBOS", "effectflow/sequential", "dbos/sequential", 10.0),
+    ("pure steps, sequential: effectflow / LangGraph (sync)", "effectflow/sequential",
+     "langgraph-sync/sequential", 4.0),
+    ("write steps: effectflow (FULL) / DBOS", "effectflow/write", "dbos/write", 5.0),
+    ("write steps: effectflow (durability=intents) / DBOS", "effectflow-intents/write",
+     "dbos/write", 5.0),
+    ("pure steps: effectflow 8 threads / sequential", "effectflow/concurrent",
+     "effectflow/sequential", 3.0),
+]  # fmt: skip
+
+
+def targets(results: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each target's ratio of medians from this run, and whether it is met."""
+    out = []
+    for label, num, den, at_least in TARGETS:
+        if num in results and den in results:
+            ratio = results[num]["steps_per_s"] / results[den]["steps_per_s"]
+            out.append({"target": label, "at_least": at_least, "ratio": ratio,
+                        "met": ratio >= at_least})  # fmt: skip
+    return out
+
+
+def markdown(
+    results: dict[str, dict[str, Any]], missing: dict[str, str], repeats: int, runs: int
+) -> str:
     lines = [
         "| Workload | Framework | steps/s | steps/s min – max | overhead µs/step | peak RSS MiB | "
         "effectflow/peer steps/s | effectflow/peer overhead | effectflow/peer RSS |",
@@ -147,7 +177,7 @@ def markdown(results: dict[str, dict[str, Any]], missing: dict[str, str], repeat
             if r is None:
                 continue
             ratios = ["—", "—", "—"]
-            if ef is not None and name != "effectflow":
+            if ef is not None and not name.startswith("effectflow"):
                 ratios = [
                     f"{ef['steps_per_s'] / r['steps_per_s']:.2f}",
                     f"{ef['overhead_us'] / r['overhead_us']:.2f}",
@@ -155,12 +185,22 @@ def markdown(results: dict[str, dict[str, Any]], missing: dict[str, str], repeat
                 ]
             rates = [s["steps"] / s["with_s"] for s in r["samples"]]
             lines.append(
-                f"| {WORKLOAD_LABELS[workload]} | {name} | {fmt(r['steps_per_s'])} | "
+                f"| {WORKLOAD_LABELS[workload].format(runs=runs)} | {name} | "
+                f"{fmt(r['steps_per_s'])} | "
                 f"{fmt(min(rates))} – {fmt(max(rates))} | "
                 f"{fmt(r['overhead_us'])} | {r['rss_mib']:.1f} | " + " | ".join(ratios) + " |"
             )
-    lines += ["", f"Medians of {repeats} runs. Durability settings:"]
-    lines += [f"- {name}: {setting}" for name, _, _, _, setting in CONFIGS if name not in missing]
+    checked = targets(results)
+    if checked:
+        lines += ["", "| Target (steps/s, medians of this run) | at least | measured | |",
+                  "|---|---:|---:|---|"]  # fmt: skip
+        for t in checked:
+            verdict = "met" if t["met"] else f"missed (x{t['at_least'] / t['ratio']:.1f} short)"
+            lines.append(f"| {t['target']} | {t['at_least']:g} | {t['ratio']:.2f} | {verdict} |")
+    lines += ["", f"Medians of {repeats} runs. Ratio columns: effectflow (FULL) / peer. "
+              "Durability settings:"]  # fmt: skip
+    measured = {key.split("/")[0] for key in results}
+    lines += [f"- {name}: {setting}" for name, _, _, _, setting in CONFIGS if name in measured]
     lines += ["", "Where a peer gives weaker guarantees for the same work:"]
     lines += [f"- {w}" for w in WEAKER]
     for name, why in missing.items():
@@ -203,9 +243,10 @@ def main() -> None:
                 samples.setdefault(f"{name}/{workload}", []).append(sample)
     results = {key: summarize(s) for key, s in samples.items() if key.split("/")[0] not in missing}
     if args.json:
-        print(json.dumps({"results": results, "missing": missing, "pins": PINS}, indent=2))
+        print(json.dumps({"results": results, "targets": targets(results), "missing": missing,
+                          "pins": PINS, "runs": args.runs, "repeats": args.repeats}, indent=2))  # fmt: skip
     else:
-        print(markdown(results, missing, args.repeats))
+        print(markdown(results, missing, args.repeats, args.runs))
 
 
 if __name__ == "__main__":
