@@ -46,3 +46,23 @@ def test_peer_comparison_runs_effectflow_bench_workloads(tmp_path: Path) -> None
     # 5 warm-up and 2 timed workflows through effectflow, plus the direct baseline's own lines.
     framework = [k for k in keys if not k.startswith("direct-")]
     assert len(framework) == len(set(framework)) == 7 * 10
+
+
+def test_write_profile_reports_statements_pages_and_threads() -> None:
+    """`write_profile.py` (the profile behind BENCHMARKS.md, "The targets") runs on every ledger
+    option it compares and counts 2.2 commits per external-write step on each."""
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT.parent / "write_profile.py"), "--workflows", "4"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    for section in ("## FULL", "## durability=intents", "## fsync off"):
+        assert section in out
+    assert out.count("2.20 commits per step") == 3
+    assert out.count("8 thread(s)") == 6
+    # Only the intents ledger switches the synchronous mode between transactions.
+    assert out.count("PRAGMA synchronous=NORMAL") == 1
