@@ -45,7 +45,8 @@ def main() -> None:
     global PROVIDER, CRASH
     mode, folder = sys.argv[1], Path(sys.argv[2])
     PROVIDER = _common.Provider(folder / "provider.txt")
-    rt = ef.Runtime(f"sqlite:///{folder / 'effectflow.db'}")
+    durability = os.environ.get("EFFECTFLOW_DURABILITY", "full")
+    rt = ef.Runtime(f"sqlite:///{folder / 'effectflow.db'}?durability={durability}")
     try:
         if mode == "crash":
             CRASH = True

@@ -13,6 +13,7 @@ Each peer runs in its own venv (``run.py`` creates them). Run::
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import subprocess
 import sys
@@ -21,18 +22,28 @@ from pathlib import Path
 
 import run
 
-PEERS = [("effectflow", None), ("dbos", "dbos"), ("langgraph", "langgraph")]
+# (name, venv, script, environment): effectflow-intents is effectflow on a ledger opened with
+# durability=intents, whose outcomes skip their own fsync; a process crash must not tell the two apart.
+PEERS = [
+    ("effectflow", None, "crash_effectflow.py", {}),
+    ("effectflow-intents", None, "crash_effectflow.py", {"EFFECTFLOW_DURABILITY": "intents"}),
+    ("dbos", "dbos", "crash_dbos.py", {}),
+    ("langgraph", "langgraph", "crash_langgraph.py", {}),
+]
 
 
-def trial(python: Path, script: Path, folder: Path) -> int:
+def trial(python: Path, script: Path, folder: Path, env: dict[str, str]) -> int:
     """Crash, recover, and return how many lines the step left in the file."""
-    crashed = subprocess.run([str(python), str(script), "crash", str(folder)], capture_output=True)
+    env = {**os.environ, **env}
+    crashed = subprocess.run(
+        [str(python), str(script), "crash", str(folder)], capture_output=True, env=env
+    )
     if crashed.returncode != -9:
         raise RuntimeError(
             f"{script.name} crash exited {crashed.returncode}: {crashed.stderr[-500:]!r}"
         )
     recovered = subprocess.run(
-        [str(python), str(script), "recover", str(folder)], capture_output=True, text=True
+        [str(python), str(script), "recover", str(folder)], capture_output=True, text=True, env=env
     )
     if recovered.returncode != 0:
         raise RuntimeError(
@@ -50,7 +61,7 @@ def main() -> None:
         f"| Framework | trials | times the line was written, per trial | total (ideal {args.trials}) |"
     )
     print("|---|---:|---|---:|")
-    for name, venv in PEERS:
+    for name, venv, script, env in PEERS:
         python = run.venv_python(venv)
         if python is None:
             print(f"| {name} | — | not installed here (see stderr) | — |")
@@ -60,7 +71,7 @@ def main() -> None:
             for _ in range(args.trials):
                 folder = Path(tempfile.mkdtemp(prefix=f"effectflow-crash-{name}-"))
                 try:
-                    counts.append(trial(python, run.HERE / f"crash_{name}.py", folder))
+                    counts.append(trial(python, run.HERE / script, folder, env))
                 finally:
                     shutil.rmtree(folder, ignore_errors=True)
         except RuntimeError as exc:
