@@ -8,9 +8,10 @@ the ledger are what is measured). Configurations:
 * PostgreSQL: 1, 2 and 4 ``effectflow worker`` processes (8 runs at a time each) on a fresh
   database (skipped, with the reason, when no server is reachable);
 
-each with group commit on and off. Reported: steps/s (all steps / the time from the first step's
-intent to the last run's end, read from the ledger, so process start-up is not counted) and p50/p99
-step latency (from a step's intent to the next step's
+each with group commit on and off, and with each ``--durability`` asked for (``full``, the default
+ledger option, and/or ``intents``: outcomes commit without their own flush). Reported: steps/s
+(all steps / the time from the first step's intent to the last run's end, read from the ledger, so
+process start-up is not counted) and p50/p99 step latency (from a step's intent to the next step's
 intent, or to the run's end: one intent commit + the call + the outcome commit, read from the audit
 log). Run::
 
@@ -18,6 +19,7 @@ log). Run::
     .venv/bin/python benchmarks/workers.py --quick    # smoke run
     .venv/bin/python benchmarks/workers.py --json
     .venv/bin/python benchmarks/workers.py --repeat 5
+    .venv/bin/python benchmarks/workers.py --durability both
 """
 
 from __future__ import annotations
@@ -72,6 +74,13 @@ def _timeline(url: str) -> tuple[list[float], float]:
     return out, last - first
 
 
+def _with_durability(url: str, durability: str) -> str:
+    """The ledger URL with its ``durability`` option (the default, ``full``, is left implicit)."""
+    if durability == "full":
+        return url
+    return f"{url}{'&' if '?' in url else '?'}durability={durability}"
+
+
 def _check(url: str, runs: int) -> None:
     with ef.Runtime(url) as rt:
         done = rt.runs(status="succeeded", limit=100_000)
@@ -79,19 +88,22 @@ def _check(url: str, runs: int) -> None:
             raise SystemExit(f"{url}: only {len(done)} of {runs} runs succeeded")
 
 
-def sqlite_inprocess(runs: int, steps: int, group_commit: bool) -> dict[str, Any]:
+def sqlite_inprocess(
+    runs: int, steps: int, group_commit: bool, durability: str = "full"
+) -> dict[str, Any]:
     sys.path.insert(0, str(ROOT))
     from benchmarks import bench_app  # noqa: F401 - registers the workload
 
     with tempfile.TemporaryDirectory() as tmp:
-        url = f"sqlite:///{tmp}/ledger.db"
+        url = _with_durability(f"sqlite:///{tmp}/ledger.db", durability)
         _submit(url, runs, steps)
         with ef.Runtime(url, group_commit=group_commit) as rt:
             Worker(rt, concurrency=8).run(until_idle=True)
             shared = (rt.committer.batches / rt.committer.transactions) if rt.committer else 1.0
         _check(url, runs)
         lat, wall = _timeline(url)
-    return _row("SQLite (FULL), 1 process", 1, group_commit, runs * steps, wall, lat, shared)
+    label = "SQLite (FULL), 1 process" if durability == "full" else "SQLite (intents), 1 process"
+    return _row(label, 1, group_commit, runs * steps, wall, lat, shared)
 
 
 def _pg_database() -> tuple[str, str] | None:
@@ -120,12 +132,13 @@ def _drop(name: str) -> None:
 
 
 def postgres_workers(
-    workers: int, runs: int, steps: int, group_commit: bool
+    workers: int, runs: int, steps: int, group_commit: bool, durability: str = "full"
 ) -> dict[str, Any] | None:
     made = _pg_database()
     if made is None:
         return None
     name, url = made
+    url = _with_durability(url, durability)
     try:
         _submit(url, runs, steps)
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -158,7 +171,7 @@ def postgres_workers(
     finally:
         _drop(name)
     return _row(
-        f"PostgreSQL, {workers} worker process(es)",
+        f"PostgreSQL{'' if durability == 'full' else ' (intents)'}, {workers} worker process(es)",
         workers,
         group_commit,
         runs * steps,
@@ -209,21 +222,30 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="40 runs, 1 and 2 PG workers")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--repeat", type=int, default=3, help="repetitions; medians are shown")
+    parser.add_argument(
+        "--durability",
+        choices=("full", "intents", "both"),
+        default="full",
+        help="the ledger's durability option (both: every configuration with each)",
+    )
     args = parser.parse_args(argv)
     runs = 40 if args.quick else args.runs
     counts = (1, 2) if args.quick else (1, 2, 4)
-    configs: list[tuple[str, int, bool]] = [("sqlite", 1, g) for g in (True, False)]
-    configs += [("postgres", w, g) for g in (True, False) for w in counts]
-    samples: dict[tuple[str, int, bool], list[dict[str, Any]]] = {c: [] for c in configs}
+    modes = ("full", "intents") if args.durability == "both" else (args.durability,)
+    configs: list[tuple[str, int, bool, str]] = [
+        ("sqlite", 1, g, d) for d in modes for g in (True, False)
+    ]
+    configs += [("postgres", w, g, d) for d in modes for g in (True, False) for w in counts]
+    samples: dict[tuple[str, int, bool, str], list[dict[str, Any]]] = {c: [] for c in configs}
     for _ in range(args.repeat):  # interleaved, so a noisy minute hurts every configuration alike
-        for kind, w, group in configs:
+        for kind, w, group, durability in configs:
             row = (
-                sqlite_inprocess(runs, args.steps, group)
+                sqlite_inprocess(runs, args.steps, group, durability)
                 if kind == "sqlite"
-                else postgres_workers(w, runs, args.steps, group)
+                else postgres_workers(w, runs, args.steps, group, durability)
             )
             if row is not None:
-                samples[(kind, w, group)].append(row)
+                samples[(kind, w, group, durability)].append(row)
     rows = [_median(found) for found in samples.values() if found]
     if args.json:
         print(
