@@ -74,7 +74,7 @@ def test_intents_mode_records_the_same_facts(backend: Backend, tmp_path: Path) -
     with _workloads(_with_option(backend.url, "durability=intents"), tmp_path) as workloads:
         workloads.run("write", 3, "dur")
         store: LedgerStore = workloads.rt.store
-        assert store.durability == "intents"  # type: ignore[attr-defined]
+        assert store.durability == "intents"
         for r in range(3):
             steps = store.steps(f"dur-{r}")
             assert [s.status for s in steps] == [StepStatus.CONFIRMED] * 10
@@ -99,7 +99,7 @@ def test_an_unknown_durability_is_refused_before_anything_is_written(
 def test_default_is_full(backend: Backend) -> None:
     store = backend.open()
     try:
-        assert store.durability == "full"  # type: ignore[attr-defined]
+        assert store.durability == "full"
     finally:
         store.close()
 

@@ -198,6 +198,12 @@ class LedgerStore(Protocol):
 
     #: The URL the store was opened with.
     url: str
+    #: The ``durability`` option: ``full`` or ``intents`` (``DURABILITY``).
+    durability: str
+    #: Whether a Runtime on this store groups commits unless told otherwise (measured per backend).
+    group_commit_default: bool
+    #: Group transactions one process may have in flight at once.
+    max_concurrent_writers: int
 
     def migrate(self) -> list[int]:
         """Apply the migrations the database has not seen; returns the versions applied."""
@@ -294,6 +300,10 @@ class LedgerStore(Protocol):
 
     def runs_to_recover(self, *, now: float, limit: int = 100) -> list[records.RunRecord]:
         """Runs marked ``running`` whose lease expired or was never taken."""
+        ...
+
+    def leased_running_runs(self, *, limit: int = 1000) -> list[records.RunRecord]:
+        """Running runs that still hold a lease (the runtime checks whether the holder lives)."""
         ...
 
     def steps(self, run_id: str) -> list[records.StepRecord]:

@@ -108,13 +108,13 @@ class Runtime:
         self.leases = leases_mod.Leases(self)
         #: Shares transactions between the writes of runs executed concurrently (None: off).
         if group_commit is None:  # the backend's measured default (BENCHMARKS.md)
-            group_commit = bool(getattr(self.store, "group_commit_default", True))
+            group_commit = self.store.group_commit_default
         self.committer = (
             group_commit_mod.GroupCommitter(
                 self.store,
                 lease_ttl=lease_ttl,
                 clock=clock,
-                max_parallel=int(getattr(self.store, "max_concurrent_writers", 1)),
+                max_parallel=self.store.max_concurrent_writers,
             )
             if group_commit
             else None
@@ -192,11 +192,9 @@ class Runtime:
         """Drive every run that was interrupted (its process died, or its lease expired)."""
         now = self.clock()
         candidates = {r.run_id: r for r in self.store.runs_to_recover(now=now, limit=limit)}
-        lister = getattr(self.store, "leased_running_runs", None)
-        if lister is not None:
-            for run in lister(limit=limit):
-                if run.lease_owner and not _owner_alive(run.lease_owner):
-                    candidates.setdefault(run.run_id, run)
+        for run in self.store.leased_running_runs(limit=limit):
+            if run.lease_owner and not _owner_alive(run.lease_owner):
+                candidates.setdefault(run.run_id, run)
         finished = []
         for run in candidates.values():
             if run.tenant != self.tenant:
