@@ -43,13 +43,16 @@ STEPS = 10
 THREADS = 8
 #: The workloads, in the order they run and are reported.
 WORKLOADS = ("sequential", "concurrent", "write")
-#: What each SQLite ``synchronous`` mode guarantees for a committed step (the ledger is in WAL mode).
-DURABILITY = {
-    "FULL": "survives power loss",
-    "NORMAL": "survives a process crash",
+#: The ledger modes measured, the default first: the URL options of each, and what a committed step
+#: survives under it (the ledger is SQLite in WAL mode).
+MODES = {
+    "full": ("synchronous=full", "every commit survives power loss"),
+    "intents": (
+        "durability=intents",
+        "intents survive power loss; outcomes a process crash, power loss from the next flush",
+    ),
+    "normal": ("synchronous=normal", "every commit survives a process crash, not power loss"),
 }
-#: The SQLite durability modes, the default first.
-SYNC_MODES = tuple(DURABILITY)
 
 
 def const() -> int:
@@ -190,8 +193,8 @@ class Result:
 
     #: ``sequential``, ``concurrent`` or ``write``.
     workload: str
-    #: SQLite ``synchronous``: ``FULL`` or ``NORMAL``.
-    synchronous: str
+    #: The ledger mode: ``full``, ``intents`` or ``normal`` (``MODES``).
+    mode: str
     #: Workflows timed (after the warm-up).
     workflows: int
     #: Steps timed.
@@ -202,9 +205,14 @@ class Result:
     direct_s: float
 
     @property
+    def ledger_options(self) -> str:
+        """The ledger URL's query string under this mode."""
+        return MODES[self.mode][0]
+
+    @property
     def durability(self) -> str:
         """What a committed step survives under this mode."""
-        return DURABILITY[self.synchronous]
+        return MODES[self.mode][1]
 
     @property
     def overhead_us_per_step(self) -> float:
@@ -220,6 +228,7 @@ class Result:
         """A JSON-ready view, derived figures included."""
         return {
             **dataclasses.asdict(self),
+            "ledger_options": self.ledger_options,
             "durability": self.durability,
             "overhead_us_per_step": self.overhead_us_per_step,
             "steps_per_s": self.steps_per_s,
@@ -240,7 +249,7 @@ def _timed(fn: Callable[[], object]) -> float:
 
 def measure(
     workload: str,
-    synchronous: str,
+    mode: str,
     folder: Path,
     *,
     workflows: int = 100,
@@ -249,19 +258,17 @@ def measure(
     """Time ``workflows`` workflows of ``workload`` on a fresh ledger in ``folder``, after a warm-up,
     and the same calls made directly; ``on_run`` is called after every workflow, warm-up included
     (for a progress bar; from several threads in "concurrent")."""
-    if workload not in WORKLOADS or synchronous not in DURABILITY:
-        raise ValueError(f"unknown workload {workload!r} or synchronous mode {synchronous!r}")
+    if workload not in WORKLOADS or mode not in MODES:
+        raise ValueError(f"unknown workload {workload!r} or ledger mode {mode!r}")
     if workflows < 1:
         raise ValueError("workflows must be at least 1")
-    name = f"{workload}-{synchronous.lower()}"
+    name = f"{workload}-{mode}"
     warm = warmup_runs(workflows)
     provider = Provider(folder / f"{name}-provider.txt")
     try:
         direct(workload, warm, provider)
         direct_s = _timed(lambda: direct(workload, workflows, provider))
-        bench = Workloads(
-            f"sqlite:///{folder / name}.db?synchronous={synchronous.lower()}", provider
-        )
+        bench = Workloads(f"sqlite:///{folder / name}.db?{MODES[mode][0]}", provider)
         try:
             bench.run(workload, warm, "warm", on_run)
             runtime_s = _timed(lambda: bench.run(workload, workflows, "timed", on_run))
@@ -269,28 +276,26 @@ def measure(
             bench.close()
     finally:
         provider.close()
-    return Result(workload, synchronous, workflows, workflows * STEPS, runtime_s, direct_s)
+    return Result(workload, mode, workflows, workflows * STEPS, runtime_s, direct_s)
 
 
 def run_all(
     *,
-    sync_modes: Iterable[str] = ("FULL",),
+    modes: Iterable[str] = ("full",),
     workflows: int = 100,
     on_start: Callable[[str, str], None] | None = None,
     on_run: Callable[[], None] | None = None,
 ) -> list[Result]:
-    """Every workload under each of ``sync_modes``, each on its own ledger in a temporary folder
-    that is removed afterwards. ``on_start(workload, synchronous)`` is called before each."""
+    """Every workload under each of ``modes``, each on its own ledger in a temporary folder that
+    is removed afterwards. ``on_start(workload, mode)`` is called before each."""
     folder = Path(tempfile.mkdtemp(prefix="effectflow-bench-"))
     results = []
     try:
-        for synchronous in sync_modes:
+        for mode in modes:
             for workload in WORKLOADS:
                 if on_start is not None:
-                    on_start(workload, synchronous)
-                results.append(
-                    measure(workload, synchronous, folder, workflows=workflows, on_run=on_run)
-                )
+                    on_start(workload, mode)
+                results.append(measure(workload, mode, folder, workflows=workflows, on_run=on_run))
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     return results

@@ -19,10 +19,10 @@ EFFECTFLOW = shutil.which("effectflow", path=str(Path(sys.executable).parent)) o
 
 
 def test_bench_json_reports_the_three_workloads_under_each_mode() -> None:
-    """bench --json --synchronous both: sequential, concurrent and write, FULL and NORMAL, each with
-    its steps, a positive rate and what the mode survives."""
+    """bench --json --mode all: sequential, concurrent and write under full, intents and normal,
+    each with its steps, a positive rate, its ledger options and what the mode survives."""
     done = subprocess.run(
-        [EFFECTFLOW, "bench", "--workflows", "2", "--synchronous", "both", "--json"],
+        [EFFECTFLOW, "bench", "--workflows", "2", "--mode", "all", "--json"],
         capture_output=True,
         text=True,
         timeout=60,
@@ -30,29 +30,34 @@ def test_bench_json_reports_the_three_workloads_under_each_mode() -> None:
     )
     assert done.returncode == 0, done.stderr
     rows = json.loads(done.stdout)
-    assert [(r["workload"], r["synchronous"]) for r in rows] == [
-        (workload, mode) for mode in ("FULL", "NORMAL") for workload in bench.WORKLOADS
+    assert [(r["workload"], r["mode"]) for r in rows] == [
+        (workload, mode) for mode in ("full", "intents", "normal") for workload in bench.WORKLOADS
     ]
     for row in rows:
         assert (row["workflows"], row["steps"]) == (2, 2 * bench.STEPS)
         assert row["steps_per_s"] > 0
         assert row["runtime_s"] > 0
         assert isinstance(row["overhead_us_per_step"], float)
-    assert {r["synchronous"]: r["durability"] for r in rows} == {
-        "FULL": "survives power loss",
-        "NORMAL": "survives a process crash",
+    assert {r["mode"]: (r["ledger_options"], r["durability"]) for r in rows} == {
+        "full": ("synchronous=full", "every commit survives power loss"),
+        "intents": (
+            "durability=intents",
+            "intents survive power loss; outcomes a process crash, power loss from the next flush",
+        ),
+        "normal": ("synchronous=normal", "every commit survives a process crash, not power loss"),
     }
 
 
 def test_bench_table_defaults_to_full_and_points_at_the_comparison() -> None:
-    """Without --synchronous the table has the three workloads under FULL only, and names the
-    repository script for the side-by-side and BENCHMARKS.md for the published figures."""
+    """Without --mode the table has the three workloads under the default ledger only, and names
+    the repository script for the side-by-side and BENCHMARKS.md for the published figures."""
     result = CliRunner().invoke(cli_main.app, ["bench", "--workflows", "1"])
     assert result.exit_code == 0, result.output
     for workload in bench.WORKLOADS:
         assert workload in result.stdout
-    assert "survives power loss" in result.stdout
-    assert "NORMAL" not in result.stdout
+    assert "every commit survives power loss" in result.stdout
+    assert "intents" not in result.stdout
+    assert "synchronous=normal" not in result.stdout
     assert "benchmarks/compare/run.py" in result.stdout
     assert "BENCHMARKS.md" in result.stdout
 
@@ -62,7 +67,8 @@ def test_bench_table_defaults_to_full_and_points_at_the_comparison() -> None:
     [
         (["--workflows", "0"], "--workflows"),
         (["--workflows", "many"], "--workflows"),
-        (["--synchronous", "fast"], "--synchronous"),
+        (["--mode", "fast"], "--mode"),
+        (["--synchronous", "full"], "--synchronous"),
     ],
 )
 def test_bench_rejects_bad_input_as_a_usage_error(args: list[str], option: str) -> None:

@@ -470,13 +470,14 @@ def bench(
             "--workflows", min=1, help="Workflows timed per workload (after a short warm-up)."
         ),
     ] = 100,
-    synchronous: Annotated[
+    mode: Annotated[
         str,
         typer.Option(
-            "--synchronous",
-            metavar="full|normal|both",
-            help="SQLite durability: full (the default URL; survives power loss), normal "
-            "(survives a process crash) or both.",
+            "--mode",
+            metavar="full|intents|normal|all",
+            help="The ledger's durability: full (the default URL; every commit survives power "
+            "loss), intents (?durability=intents: outcomes skip their own fsync), normal "
+            "(?synchronous=normal: nothing fsynced per commit) or all three.",
         ),
     ] = "full",
     as_json: JsonOption = False,
@@ -495,12 +496,12 @@ def bench(
     from effectflow import bench as bench_mod
     from effectflow.cli import render
 
-    modes = {"full": ["FULL"], "normal": ["NORMAL"], "both": list(bench_mod.SYNC_MODES)}
-    sync_modes = modes.get(synchronous.strip().lower())
-    if sync_modes is None:
+    chosen = mode.strip().lower()
+    if chosen != "all" and chosen not in bench_mod.MODES:
         raise typer.BadParameter(
-            f"{synchronous!r} is not one of full, normal, both", param_hint="--synchronous"
+            f"{mode!r} is not one of {', '.join(bench_mod.MODES)}, all", param_hint="--mode"
         )
+    modes = list(bench_mod.MODES) if chosen == "all" else [chosen]
     err = Console(stderr=True)
     per_workload = workflows + bench_mod.warmup_runs(workflows)
     with Progress(
@@ -511,14 +512,14 @@ def bench(
         transient=True,
         disable=not err.is_terminal,
     ) as progress:
-        total = len(sync_modes) * len(bench_mod.WORKLOADS) * per_workload
+        total = len(modes) * len(bench_mod.WORKLOADS) * per_workload
         task = progress.add_task("measuring", total=total)
 
         def starting(workload: str, mode: str) -> None:
-            progress.update(task, description=f"{workload}, synchronous={mode}")
+            progress.update(task, description=f"{workload}, {mode}")
 
         results = bench_mod.run_all(
-            sync_modes=sync_modes,
+            modes=modes,
             workflows=workflows,
             on_start=starting,
             on_run=lambda: progress.advance(task),

@@ -278,7 +278,7 @@ def bench_table(results: Sequence[dict[str, Any]]) -> Table:
     table.add_column("steps", justify="right")
     table.add_column("steps/s", justify="right")
     table.add_column("overhead µs/step", justify="right")
-    table.add_column("synchronous")
+    table.add_column("ledger")
     table.add_column("durability")
     for row in results:
         table.add_row(
@@ -286,7 +286,7 @@ def bench_table(results: Sequence[dict[str, Any]]) -> Table:
             str(row["steps"]),
             f"{row['steps_per_s']:,.0f}",
             f"{row['overhead_us_per_step']:,.0f}",
-            str(row["synchronous"]),
+            f"{row['mode']} (?{row['ledger_options']})",
             str(row["durability"]),
         )
     return table
