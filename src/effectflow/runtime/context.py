@@ -167,7 +167,7 @@ class AsyncContext(_Base):
                 return stop.value
             answer = None
             if isinstance(request, requests.Commit):
-                self._state.runtime.commit(self._state, request.batch)
+                await self._state.runtime.commit_async(self._state, request.batch)
             elif isinstance(request, requests.Invoke):
                 try:
                     answer = requests.Result(await _call_async(request))

@@ -14,11 +14,13 @@ parallel (and flushes their WAL together), so several group transactions may be 
 
 from __future__ import annotations
 
+import asyncio
 import threading
+import weakref
 from collections.abc import Callable
 from typing import Any
 
-from effectflow.ledger.store import Batch, LedgerStore
+from effectflow.ledger.store import Applied, Batch, LedgerStore
 
 #: The most batches one group transaction carries.
 MAX_GROUP = 128
@@ -119,3 +121,84 @@ class GroupCommitter:
         if waiter.error is not None:
             raise waiter.error
         return waiter.control
+
+
+class AsyncGroupCommitter:
+    """Group commit for runs driven by asyncio: the commits of every coroutine that reaches one in
+    the same turn of the event loop share one transaction.
+
+    No thread is involved. A coroutine that commits queues its batch and awaits; the first one of
+    a turn schedules a flush with ``call_soon``, which asyncio runs only after every callback that
+    was already ready — so the other runs woken in this turn queue their batches first. The flush
+    commits them on the loop's own thread and wakes them all, and they reach their next commits
+    together. The flush blocks the loop for one fsync, which the batches share; threads would share
+    it too, but each SQLite statement hands the GIL to another thread and back (BENCHMARKS.md,
+    "The targets"), which costs more than the fsync it saves.
+
+    Each batch is still durable before its writer goes on: an intent before its call.
+    """
+
+    def __init__(self, store: LedgerStore, *, lease_ttl: float, clock: Callable[[], float]) -> None:
+        self._store = store
+        self._lease_ttl = lease_ttl
+        self._clock = clock
+        # One queue per event loop: a Runtime may be driven by several loops over its life.
+        self._queues: weakref.WeakKeyDictionary[
+            asyncio.AbstractEventLoop, list[tuple[Batch, asyncio.Future[dict[str, Any] | None]]]
+        ] = weakref.WeakKeyDictionary()
+        #: Transactions committed, and batches they carried (for benchmarks and tests).
+        self.transactions = 0
+        self.batches = 0
+
+    async def commit(self, batch: Batch) -> dict[str, Any] | None:
+        """Make ``batch`` durable; returns its run's control request.
+
+        Raises:
+            errors.LeaseLost, errors.IdempotencyConflict, errors.RunNotFound: this batch was
+                refused (nothing of it was written); the other batches of its group are unaffected.
+        """
+        loop = asyncio.get_running_loop()
+        queue = self._queues.setdefault(loop, [])
+        done: asyncio.Future[dict[str, Any] | None] = loop.create_future()
+        queue.append((batch, done))
+        if len(queue) == 1:
+            loop.call_soon(self._flush, loop)
+        return await done
+
+    def _flush(self, loop: asyncio.AbstractEventLoop) -> None:
+        queue = self._queues.get(loop, [])
+        group, rest = queue[:MAX_GROUP], queue[MAX_GROUP:]
+        self._queues[loop] = rest
+        if rest:
+            loop.call_soon(self._flush, loop)
+        if not group:
+            return
+        now = self._clock()
+        try:
+            if len(group) == 1:
+                outcomes = [
+                    Applied(
+                        control=self._store.apply(group[0][0], lease_ttl=self._lease_ttl, now=now)
+                    )
+                ]
+            else:
+                outcomes = self._store.apply_many(
+                    [batch for batch, _ in group], lease_ttl=self._lease_ttl, now=now
+                )
+        except BaseException as exc:  # the whole transaction failed: every batch in it did
+            for _, done in group:
+                if not done.done():
+                    done.set_exception(exc)
+            if not isinstance(exc, Exception):
+                raise
+            return
+        finally:
+            self.transactions += 1
+            self.batches += len(group)
+        for (_, done), applied in zip(group, outcomes, strict=True):
+            if done.done():  # its coroutine was cancelled meanwhile; the batch is committed anyway
+                continue
+            if applied.error is not None:
+                done.set_exception(applied.error)
+            else:
+                done.set_result(applied.control)

@@ -119,6 +119,13 @@ class Runtime:
             if group_commit
             else None
         )
+        #: The same for runs driven by asyncio (``start_async``): coroutines that commit in the
+        #: same turn of the event loop share a transaction (None: off).
+        self.async_committer = (
+            group_commit_mod.AsyncGroupCommitter(self.store, lease_ttl=lease_ttl, clock=clock)
+            if group_commit
+            else None
+        )
         #: Set when the process is shutting down: runs stop at their next step and are released.
         self.draining = False
 
@@ -153,8 +160,12 @@ class Runtime:
     async def start_async(
         self, workflow: Workflow[..., Any], /, *, run_id: str | None = None, **input: Any
     ) -> records.RunRecord:
-        """The asyncio twin of ``start`` (async workflows run on the caller's loop)."""
-        run, fresh = self._create(workflow, run_id, input, leased=True)
+        """The asyncio twin of ``start`` (async workflows run on the caller's loop).
+
+        Runs started together on one loop share their commits (group commit), as threads do with
+        ``start``, but without threads: see ``group_commit.AsyncGroupCommitter``.
+        """
+        run, fresh = await self._create_async(workflow, run_id, input)
         if run.status is not RunStatus.RUNNING:
             return run
         return await self._drive_async(run, workflow, claimed=fresh)
@@ -506,6 +517,44 @@ class Runtime:
         A run started in this process is created already leased to it, so no worker can take it
         between its creation and its first step (and no second commit is needed to claim it).
         """
+        run, batch = self._new_run(workflow, run_id, input, leased=leased)
+        if batch is None:
+            return run, False
+        try:
+            self.store.apply(batch, lease_ttl=self.lease_ttl, now=run.created_at)
+        except Exception as exc:
+            return self._raced(run, exc), False
+        return run, True
+
+    async def _create_async(
+        self, workflow: Workflow[..., Any], run_id: str | None, input: dict[str, Any]
+    ) -> tuple[records.RunRecord, bool]:
+        """``_create`` for ``start_async``: the run's first commit is grouped with other runs'."""
+        run, batch = self._new_run(workflow, run_id, input, leased=True)
+        if batch is None:
+            return run, False
+        try:
+            if self.async_committer is not None:
+                await self.async_committer.commit(batch)
+            else:
+                self.store.apply(batch, lease_ttl=self.lease_ttl, now=run.created_at)
+        except Exception as exc:
+            return self._raced(run, exc), False
+        return run, True
+
+    def _new_run(
+        self,
+        workflow: Workflow[..., Any],
+        run_id: str | None,
+        input: dict[str, Any],
+        *,
+        leased: bool,
+    ) -> tuple[records.RunRecord, Batch | None]:
+        """The existing run with this id and no batch, or a new run and the batch that creates it.
+
+        Raises:
+            errors.IdempotencyConflict: the id belongs to another workflow, tenant or input.
+        """
         if not isinstance(workflow, Workflow):
             raise errors.ContractError(
                 f"{workflow!r} is not a workflow; decorate it with @ef.workflow(name)"
@@ -525,7 +574,7 @@ class Runtime:
                     f"run {run_id} was started with another input; a new request needs a new run id",
                     run_id=run_id,
                 )
-            return existing, False
+            return existing, None
         now = self.clock()
         run = records.RunRecord(
             run_id=run_id,
@@ -547,14 +596,15 @@ class Runtime:
         )
         batch = Batch(run_id, lease_token=None, new_run=run)
         batch.event("run_started", now, workflow=workflow.name, input_digest=input_digest)
-        try:
-            self.store.apply(batch, lease_ttl=self.lease_ttl, now=now)
-        except Exception:
-            raced = self.store.get_run(run_id)
-            if raced is not None and raced.input_digest == input_digest:
-                return raced, False
-            raise
-        return run, True
+        return run, batch
+
+    def _raced(self, run: records.RunRecord, refused: Exception) -> records.RunRecord:
+        """After a refused insert: the run another caller created meanwhile with the same id and
+        input; otherwise the insert's error is raised again."""
+        raced = self.store.get_run(run.run_id)
+        if raced is not None and raced.input_digest == run.input_digest:
+            return raced
+        raise refused
 
     def _reopen(self, run: records.RunRecord, *, by: str) -> records.RunRecord:
         """A paused or failed run becomes running again, in a new generation."""
@@ -604,18 +654,38 @@ class Runtime:
     def commit(self, state: state_mod.RunState, batch: Batch) -> None:
         """Make a batch durable under the run's lease (the drivers call this); with group commit,
         in the same transaction as the batches other runs commit at the same time."""
+        renewed = self._fence(state, batch)
+        if self.committer is not None:
+            control = self.committer.commit(batch)
+        else:
+            control = self.store.apply(batch, lease_ttl=self.lease_ttl, now=renewed)
+        self._committed(state, renewed, control)
+
+    async def commit_async(self, state: state_mod.RunState, batch: Batch) -> None:
+        """``commit`` for a run driven by asyncio: with group commit, the batch shares a
+        transaction with those of the other runs that commit in the same turn of the loop."""
+        renewed = self._fence(state, batch)
+        if self.async_committer is not None:
+            control = await self.async_committer.commit(batch)
+        else:
+            control = self.store.apply(batch, lease_ttl=self.lease_ttl, now=renewed)
+        self._committed(state, renewed, control)
+
+    def _fence(self, state: state_mod.RunState, batch: Batch) -> float:
+        """Stamp the batch with the run's lease token; returns the time the lease is renewed from."""
         if state.lease_lost:
             raise errors.LeaseLost(
                 f"run {state.run.run_id}: another worker took the lease over; writing nothing",
                 run_id=state.run.run_id,
             )
         batch.lease_token = state.run.lease_token
-        renewed = self.clock()
-        if self.committer is not None:
-            control = self.committer.commit(batch)
-        else:
-            control = self.store.apply(batch, lease_ttl=self.lease_ttl, now=renewed)
-        state.lease_valid_until = renewed + self.lease_ttl  # the fenced write renewed it
+        return self.clock()
+
+    @staticmethod
+    def _committed(
+        state: state_mod.RunState, renewed: float, control: dict[str, Any] | None
+    ) -> None:
+        state.lease_valid_until = renewed + state.runtime.lease_ttl  # the fenced write renewed it
         if control is not None:
             state.control = control
 
@@ -756,13 +826,31 @@ class Runtime:
                 return self._finish_failed(state, exc)
             if state.stop_requested():
                 continue
-            return self._finish_ok(state, output)
+            return await self._finish_ok_async(state, output)
 
     def _finish_ok(self, state: state_mod.RunState, output: Any) -> records.RunRecord:
         try:
-            recorded = digests.to_jsonable(output, path="output")
+            batch = self._success(state, output)
         except errors.ArgumentError as exc:
             return self._finish_failed(state, exc)
+        self.commit(state, batch)
+        return self._require_run(state.run.run_id)
+
+    async def _finish_ok_async(self, state: state_mod.RunState, output: Any) -> records.RunRecord:
+        try:
+            batch = self._success(state, output)
+        except errors.ArgumentError as exc:
+            return self._finish_failed(state, exc)
+        await self.commit_async(state, batch)
+        return self._require_run(state.run.run_id)
+
+    def _success(self, state: state_mod.RunState, output: Any) -> Batch:
+        """The batch that ends a run with its output (and every write still deferred).
+
+        Raises:
+            errors.ArgumentError: the output cannot be recorded as JSON.
+        """
+        recorded = digests.to_jsonable(output, path="output")
         now = self.clock()
         batch = state.batch()
         batch.run_changes.update(
@@ -774,8 +862,7 @@ class Runtime:
             lease_expires_at=None,
         )
         batch.event("run_succeeded", now, output_digest=digests.digest(recorded))
-        self.commit(state, batch)
-        return self._require_run(state.run.run_id)
+        return batch
 
     def _finish_failed(self, state: state_mod.RunState, exc: Exception) -> records.RunRecord:
         """A failure ends the run and lists its effects; nothing is compensated (DESIGN §4)."""

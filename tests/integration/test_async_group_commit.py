@@ -1,0 +1,175 @@
+"""Group commit for runs driven by asyncio (``start_async``): the commits of coroutines that reach
+one in the same turn of the event loop share a transaction, with no thread involved.
+
+What must not change: each intent is durable before its call (checked from the tool itself, through
+a connection of its own), a refused batch sinks nothing else in its group, and every effect happens
+once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import effectflow as ef
+from effectflow.contracts import registry as registry_mod
+from effectflow.ledger.records import StepStatus
+
+RUNS = 16
+AT_A_TIME = 8
+STEPS = 3
+
+
+class World:
+    """A ledger file, and the outside world: one line per write in a file."""
+
+    def __init__(self, folder: Path) -> None:
+        self.db = folder / "ledger.db"
+        self.sent = folder / "sent.txt"
+        self.sent.touch()
+        #: Per call: whether its intent was committed (seen from another connection) at the call.
+        self.intent_was_durable: list[bool] = []
+        #: Run ids whose lease a test takes over inside their first call.
+        self.steal: set[str] = set()
+
+    def committed_status(self, key: str) -> str | None:
+        """The step status another connection reads for this idempotency key: only what is
+        committed is visible there."""
+        conn = sqlite3.connect(self.db)
+        try:
+            row = conn.execute(
+                "SELECT status FROM steps WHERE idempotency_key = ?", (key,)
+            ).fetchone()
+        finally:
+            conn.close()
+        return None if row is None else str(row[0])
+
+
+def _app(world: World) -> tuple[registry_mod.Registry, ef.Workflow[..., Any]]:
+    def find(*, idempotency_key: str) -> ef.Lookup:
+        lines = world.sent.read_text().splitlines()
+        if any(line.split("\t")[0] == idempotency_key for line in lines):
+            return ef.Lookup.confirmed(external_effect_id=idempotency_key)
+        return ef.Lookup.not_committed()
+
+    find_tool = ef.tool("agc_find", effect="read", register=False)(find)
+
+    def send(run: str, n: int, *, idempotency_key: str) -> dict[str, Any]:
+        world.intent_was_durable.append(
+            world.committed_status(idempotency_key) == StepStatus.INTENT_RECORDED.value
+        )
+        if run in world.steal and n == 0:
+            # Another worker takes the run over while this call is on its way.
+            other = ef.Runtime(f"sqlite:///{world.db}")
+            try:
+                held = other.store.get_run(run)
+                assert held is not None
+                taken = other.store.claim(
+                    run, owner="thief", expected_token=held.lease_token, ttl=60, now=time.time()
+                )
+                assert taken is not None
+            finally:
+                other.close()
+        with world.sent.open("a") as fh:
+            fh.write(f"{idempotency_key}\t{run}\t{n}\n")
+        return {"id": idempotency_key}
+
+    send_tool = ef.tool("agc_send", effect="external_write", confirm=find_tool, register=False)(
+        send
+    )
+
+    @ef.workflow("agc_flow", register=False)
+    async def flow(ctx: ef.AsyncContext, run: str) -> int:
+        for n in range(STEPS):
+            await ctx.call(f"send_{n}", send_tool, run=run, n=n)
+        return STEPS
+
+    registry = registry_mod.Registry()
+    registry.add_tool(find_tool)
+    registry.add_tool(send_tool)
+    registry.add_workflow(flow)
+    return registry, flow
+
+
+async def _start_all(
+    rt: ef.Runtime, flow: ef.Workflow[..., Any], ids: list[str]
+) -> list[ef.RunRecord | BaseException]:
+    gate = asyncio.Semaphore(AT_A_TIME)
+
+    async def one(run_id: str) -> ef.RunRecord:
+        async with gate:
+            return await rt.start_async(flow, run_id=run_id, run=run_id)
+
+    return await asyncio.gather(*(one(i) for i in ids), return_exceptions=True)
+
+
+def test_async_runs_started_together_share_transactions(tmp_path: Path) -> None:
+    world = World(tmp_path)
+    registry, flow = _app(world)
+    ids = [f"run-{i}" for i in range(RUNS)]
+    with ef.Runtime(f"sqlite:///{world.db}", registry=registry) as rt:
+        results = asyncio.run(_start_all(rt, flow, ids))
+        assert all(isinstance(r, ef.RunRecord) for r in results), results
+        assert {r.status for r in results if isinstance(r, ef.RunRecord)} == {
+            ef.RunStatus.SUCCEEDED
+        }
+        committer = rt.async_committer
+        assert committer is not None
+        # Start, 3 x (intent, outcome), end: 8 commits a run, made 8 runs at a time.
+        assert committer.batches == RUNS * (2 + 2 * STEPS)
+        assert committer.batches >= 4 * committer.transactions, "transactions were not shared"
+        assert rt.verify_audit() == []
+        for run_id in ids:
+            steps = rt.store.steps(run_id)
+            assert [s.status for s in steps] == [StepStatus.CONFIRMED] * STEPS
+    assert world.intent_was_durable == [True] * (RUNS * STEPS)
+    keys = [line.split("\t")[0] for line in world.sent.read_text().splitlines()]
+    assert len(keys) == len(set(keys)) == RUNS * STEPS
+
+
+def test_a_refused_batch_does_not_sink_the_others_in_its_group(tmp_path: Path) -> None:
+    """One run loses its lease during its first call: its outcome is refused (LeaseLost) in a
+    transaction it shares with the other runs' outcomes, which commit."""
+    world = World(tmp_path)
+    world.steal = {"run-3"}
+    registry, flow = _app(world)
+    ids = [f"run-{i}" for i in range(AT_A_TIME)]
+    with ef.Runtime(f"sqlite:///{world.db}", registry=registry) as rt:
+        results = dict(zip(ids, asyncio.run(_start_all(rt, flow, ids)), strict=True))
+        assert isinstance(results.pop("run-3"), ef.LeaseLost)
+        assert {r.status for r in results.values() if isinstance(r, ef.RunRecord)} == {
+            ef.RunStatus.SUCCEEDED
+        }
+        assert len(results) == AT_A_TIME - 1
+        # The refused outcome wrote nothing: the step is as its intent left it, for the thief.
+        victim = rt.store.steps("run-3")
+        assert [s.status for s in victim] == [StepStatus.INTENT_RECORDED]
+        committer = rt.async_committer
+        assert committer is not None
+        assert committer.batches > committer.transactions
+        assert rt.verify_audit() == []
+
+
+@pytest.mark.parametrize("group_commit", [True, False])
+def test_a_lone_async_run_and_group_commit_off_commit_each_batch(
+    tmp_path: Path, group_commit: bool
+) -> None:
+    """One run at a time, or group commit off: every batch is its own transaction, as before."""
+    world = World(tmp_path)
+    registry, flow = _app(world)
+    with ef.Runtime(f"sqlite:///{world.db}", registry=registry, group_commit=group_commit) as rt:
+        for i in range(3):
+            run = asyncio.run(rt.start_async(flow, run_id=f"alone-{i}", run=f"alone-{i}"))
+            assert run.status is ef.RunStatus.SUCCEEDED
+        committer = rt.async_committer
+        if group_commit:
+            assert committer is not None
+            assert committer.batches == committer.transactions == 3 * (2 + 2 * STEPS)
+        else:
+            assert committer is None
+    assert world.intent_was_durable == [True] * (3 * STEPS)
