@@ -22,6 +22,8 @@ from typing import Protocol
 STEPS = 10  # steps per workflow
 THREADS = 8  # concurrent workflows in workload "concurrent"
 WORKLOADS = ("sequential", "concurrent", "write")
+# effectflow only (its asyncio workflows; run.py asks no peer for them).
+ASYNC_WORKLOADS = ("concurrent_async", "write_async")
 
 
 def const() -> int:
@@ -54,7 +56,7 @@ def direct(workload: str, runs: int, provider: Provider) -> None:
 
     def one(r: int) -> None:
         for i in range(STEPS):
-            if workload == "write":
+            if workload.startswith("write"):
                 provider.append(f"direct-{r}-{i}", "x")
             else:
                 const()
@@ -109,7 +111,7 @@ class Harness(Protocol):
 def main(open_harness: Callable[[Path, Provider], Harness]) -> None:
     """Time one workload on a peer (after a warm-up on the same database) and print one JSON line."""
     parser = argparse.ArgumentParser()
-    parser.add_argument("workload", choices=WORKLOADS)
+    parser.add_argument("workload", choices=WORKLOADS + ASYNC_WORKLOADS)
     parser.add_argument("--dir", type=Path, required=True)
     parser.add_argument("--runs", type=int, default=200)
     args = parser.parse_args()

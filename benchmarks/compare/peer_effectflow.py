@@ -18,10 +18,11 @@ import _common
 from effectflow import bench
 
 # _common.py keeps its own stdlib-only copy of the workload shape for the peers' venvs.
-assert (_common.STEPS, _common.THREADS, _common.WORKLOADS) == (
+assert (_common.STEPS, _common.THREADS, _common.WORKLOADS, _common.ASYNC_WORKLOADS) == (
     bench.STEPS,
     bench.THREADS,
     bench.WORKLOADS,
+    bench.ASYNC_WORKLOADS,
 ), "benchmarks/compare/_common.py and effectflow.bench disagree on the workloads"
 
 

@@ -8,6 +8,10 @@ Three workloads, the ones ``benchmarks/compare/run.py`` also runs on DBOS Transa
   simulated provider) through a tool with a lookup (``confirm=``), so intent and outcome are both
   committed; sequential.
 
+And two of effectflow's own: ``concurrent_async`` and ``write_async``, the pure and the write
+workflows as ``async def``, ``THREADS`` at a time on one asyncio loop (``Runtime.start_async``),
+where the runs' commits are grouped without threads.
+
 ``effectflow bench`` and ``benchmarks/compare/peer_effectflow.py`` both drive ``Workloads``, so the
 command runs literally the code the comparison measures; only the comparison repeats it and runs
 the peers beside it (BENCHMARKS.md, "Against the peers"). The tools and workflows live in a private
@@ -19,6 +23,7 @@ direct baseline: the peers run in virtual environments without effectflow.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import gc
 import shutil
@@ -33,7 +38,7 @@ from effectflow.contracts import registry as registry_mod
 from effectflow.contracts import tool as tool_mod
 from effectflow.contracts import workflow as workflow_mod
 from effectflow.contracts.lookup import Lookup
-from effectflow.ledger.records import RunStatus
+from effectflow.ledger.records import RunRecord, RunStatus
 from effectflow.runtime import context
 from effectflow.runtime.runtime import Runtime
 
@@ -41,8 +46,11 @@ from effectflow.runtime.runtime import Runtime
 STEPS = 10
 #: Workflows at a time (and threads) in the ``concurrent`` workload.
 THREADS = 8
-#: The workloads, in the order they run and are reported.
+#: The workloads the peers run too, in the order they run and are reported.
 WORKLOADS = ("sequential", "concurrent", "write")
+#: effectflow only: the ``concurrent`` and ``write`` workloads as ``async def`` workflows, ``THREADS``
+#: at a time on one asyncio loop (``start_async``), where group commit needs no threads.
+ASYNC_WORKLOADS = ("concurrent_async", "write_async")
 #: The ledger modes measured, the default first: the URL options of each, and what a committed step
 #: survives under it (the ledger is SQLite in WAL mode).
 MODES = {
@@ -107,7 +115,7 @@ def direct(workload: str, runs: int, provider: Sink) -> None:
 
     def one(r: int) -> None:
         for i in range(STEPS):
-            if workload == "write":
+            if workload.startswith("write"):
                 provider.append(f"direct-{r}-{i}", "x")
             else:
                 const()
@@ -116,7 +124,7 @@ def direct(workload: str, runs: int, provider: Sink) -> None:
 
 
 class Workloads:
-    """The three workloads' tools and workflows on one Runtime, writing to ``provider``."""
+    """The workloads' tools and workflows on one Runtime, writing to ``provider``."""
 
     def __init__(self, url: str, provider: Sink) -> None:
         # Built per instance so each closes over its own provider instead of a module global.
@@ -150,15 +158,27 @@ class Workloads:
             for i in range(STEPS):
                 ctx.call(f"w{i}", write_tool, payload="x")
 
+        @workflow_mod.workflow("effectflow_bench_pure_async", register=False)
+        async def pure_async(ctx: context.AsyncContext) -> None:
+            for i in range(STEPS):
+                await ctx.call(f"s{i}", pure_tool)
+
+        @workflow_mod.workflow("effectflow_bench_write_async", register=False)
+        async def write_async(ctx: context.AsyncContext) -> None:
+            for i in range(STEPS):
+                await ctx.call(f"w{i}", write_tool, payload="x")
+
         registry = registry_mod.Registry()
         for made in (pure_tool, find_tool, write_tool):
             registry.add_tool(made)
-        for flow in (pure, write):
+        for flow in (pure, write, pure_async, write_async):
             registry.add_workflow(flow)
-        self._flows: dict[str, workflow_mod.Workflow[..., None]] = {
+        self._flows: dict[str, workflow_mod.Workflow[..., Any]] = {
             "sequential": pure,
             "concurrent": pure,
             "write": write,
+            "concurrent_async": pure_async,
+            "write_async": write_async,
         }
         #: The runtime every workload runs on (one, shared by the threads of "concurrent").
         self.rt = Runtime(url, registry=registry)
@@ -173,14 +193,26 @@ class Workloads:
         """
         flow = self._flows[workload]
 
-        def one(r: int) -> None:
-            run = self.rt.start(flow, run_id=f"{prefix}-{r}")
+        def check(run: RunRecord) -> None:
             if run.status is not RunStatus.SUCCEEDED:
                 raise RuntimeError(f"benchmark run {run.run_id} ended {run.status}: {run.error}")
             if on_run is not None:
                 on_run()
 
-        fan_out(workload, runs, one)
+        if workload in ASYNC_WORKLOADS:
+
+            async def all_runs() -> None:
+                gate = asyncio.Semaphore(THREADS)
+
+                async def one(r: int) -> None:
+                    async with gate:
+                        check(await self.rt.start_async(flow, run_id=f"{prefix}-{r}"))
+
+                await asyncio.gather(*(one(r) for r in range(runs)))
+
+            asyncio.run(all_runs())
+            return
+        fan_out(workload, runs, lambda r: check(self.rt.start(flow, run_id=f"{prefix}-{r}")))
 
     def close(self) -> None:
         """Close the runtime."""
@@ -258,7 +290,7 @@ def measure(
     """Time ``workflows`` workflows of ``workload`` on a fresh ledger in ``folder``, after a warm-up,
     and the same calls made directly; ``on_run`` is called after every workflow, warm-up included
     (for a progress bar; from several threads in "concurrent")."""
-    if workload not in WORKLOADS or mode not in MODES:
+    if workload not in WORKLOADS + ASYNC_WORKLOADS or mode not in MODES:
         raise ValueError(f"unknown workload {workload!r} or ledger mode {mode!r}")
     if workflows < 1:
         raise ValueError("workflows must be at least 1")
@@ -292,7 +324,7 @@ def run_all(
     results = []
     try:
         for mode in modes:
-            for workload in WORKLOADS:
+            for workload in WORKLOADS + ASYNC_WORKLOADS:
                 if on_start is not None:
                     on_start(workload, mode)
                 results.append(measure(workload, mode, folder, workflows=workflows, on_run=on_run))

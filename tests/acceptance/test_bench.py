@@ -19,8 +19,8 @@ EFFECTFLOW = shutil.which("effectflow", path=str(Path(sys.executable).parent)) o
 
 
 def test_bench_json_reports_the_three_workloads_under_each_mode() -> None:
-    """bench --json --mode all: sequential, concurrent and write under full, intents and normal,
-    each with its steps, a positive rate, its ledger options and what the mode survives."""
+    """bench --json --mode all: the peer workloads and the asyncio ones under full, intents and
+    normal, each with its steps, a positive rate, its ledger options and what the mode survives."""
     done = subprocess.run(
         [EFFECTFLOW, "bench", "--workflows", "2", "--mode", "all", "--json"],
         capture_output=True,
@@ -30,8 +30,9 @@ def test_bench_json_reports_the_three_workloads_under_each_mode() -> None:
     )
     assert done.returncode == 0, done.stderr
     rows = json.loads(done.stdout)
+    workloads = (*bench.WORKLOADS, *bench.ASYNC_WORKLOADS)
     assert [(r["workload"], r["mode"]) for r in rows] == [
-        (workload, mode) for mode in ("full", "intents", "normal") for workload in bench.WORKLOADS
+        (workload, mode) for mode in ("full", "intents", "normal") for workload in workloads
     ]
     for row in rows:
         assert (row["workflows"], row["steps"]) == (2, 2 * bench.STEPS)
@@ -53,7 +54,7 @@ def test_bench_table_defaults_to_full_and_points_at_the_comparison() -> None:
     the repository script for the side-by-side and BENCHMARKS.md for the published figures."""
     result = CliRunner().invoke(cli_main.app, ["bench", "--workflows", "1"])
     assert result.exit_code == 0, result.output
-    for workload in bench.WORKLOADS:
+    for workload in (*bench.WORKLOADS, *bench.ASYNC_WORKLOADS):
         assert workload in result.stdout
     assert "every commit survives power loss" in result.stdout
     assert "intents" not in result.stdout

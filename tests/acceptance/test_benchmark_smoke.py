@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "core_overhead.py"
 
 
@@ -28,12 +30,13 @@ def test_core_overhead_benchmark_runs_and_counts_commits(tmp_path: Path) -> None
     assert by_workload[("pure_x10", "FULL")]["commits_per_step"] == 0.2
 
 
-def test_peer_comparison_runs_effectflow_bench_workloads(tmp_path: Path) -> None:
-    """`compare/peer_effectflow.py write` (the code `effectflow bench` runs) prints its JSON line,
-    and every write reached the simulated provider once."""
+@pytest.mark.parametrize("workload", ["write", "write_async"])
+def test_peer_comparison_runs_effectflow_bench_workloads(tmp_path: Path, workload: str) -> None:
+    """`compare/peer_effectflow.py write` (the code `effectflow bench` runs), and its asyncio twin,
+    print their JSON line, and every write reached the simulated provider once."""
     script = SCRIPT.parent / "compare" / "peer_effectflow.py"
     done = subprocess.run(
-        [sys.executable, str(script), "write", "--dir", str(tmp_path), "--runs", "2"],
+        [sys.executable, str(script), workload, "--dir", str(tmp_path), "--runs", "2"],
         capture_output=True,
         text=True,
         timeout=60,

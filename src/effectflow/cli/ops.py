@@ -484,7 +484,8 @@ def bench(
 ) -> None:
     """Run the effectflow half of the peer comparison on a temporary SQLite ledger.
 
-    The workloads of benchmarks/compare: sequential, 8 threads, external writes with a lookup.
+    The workloads of benchmarks/compare: sequential, 8 threads, external writes with a lookup; and
+    the pure and write workloads 8 at a time on asyncio (start_async).
 
     One sample each, timed against the same functions called directly.
 
@@ -512,7 +513,8 @@ def bench(
         transient=True,
         disable=not err.is_terminal,
     ) as progress:
-        total = len(modes) * len(bench_mod.WORKLOADS) * per_workload
+        workloads = len(bench_mod.WORKLOADS) + len(bench_mod.ASYNC_WORKLOADS)
+        total = len(modes) * workloads * per_workload
         task = progress.add_task("measuring", total=total)
 
         def starting(workload: str, mode: str) -> None:
