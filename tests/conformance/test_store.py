@@ -426,6 +426,33 @@ def test_apply_many_commits_good_batches_and_reports_refused_ones(store: LedgerS
     assert store.verify_audit() == []
 
 
+def test_group_commits_go_on_working_after_refused_batches(store: LedgerStore) -> None:
+    """Many groups in a row, each with a refused batch, on the same connection: every good batch
+    commits. (On PostgreSQL, psycopg prepares a statement after a few executions and forgets its
+    prepared statements when it reads a ROLLBACK; read late in a pipeline, after the next batch
+    used them, it failed every later group with "prepared statement does not exist".)"""
+    runs = {}
+    for run_id in ("r1", "r2", "r3"):
+        create_run(store, run_id)
+        runs[run_id] = claim(store, run_id)
+    stale = dataclasses.replace(runs["r2"], lease_token=runs["r2"].lease_token - 1)
+    for n in range(12):
+        batches = []
+        for run in (runs["r1"], stale, runs["r3"]):
+            batch = Batch(run.run_id, lease_token=run.lease_token)
+            batch.event("tick", T0 + n, n=n)
+            batches.append(batch)
+        results = store.apply_many(batches, lease_ttl=TTL, now=T0 + n)
+        assert [type(r.error).__name__ if r.error else None for r in results] == [
+            None,
+            "LeaseLost",
+            None,
+        ], f"group {n}"
+    assert [e.kind for e in store.audit("r1")].count("tick") == 12
+    assert [e.kind for e in store.audit("r2")].count("tick") == 0
+    assert store.verify_audit() == []
+
+
 # -- audit ------------------------------------------------------------------------------------------
 
 

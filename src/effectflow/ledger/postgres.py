@@ -400,7 +400,12 @@ class PostgresStore:
                 try:
                     control = self._apply_txn(conn, batches[i], lease_ttl=lease_ttl, now=now)
                 except (errors.LeaseLost, errors.IdempotencyConflict, errors.RunNotFound) as exc:
-                    conn.execute("ROLLBACK TO SAVEPOINT batch")
+                    # A nested pipeline block syncs when it ends, so psycopg reads the ROLLBACK's
+                    # result now: reading it, psycopg forgets the statements it prepared (and
+                    # deallocates them). Read later, after the next batch's statements were queued
+                    # under those names, they fail with "prepared statement does not exist".
+                    with conn.pipeline():
+                        conn.execute("ROLLBACK TO SAVEPOINT batch")
                     results[i] = Applied(error=exc)
                 else:
                     results[i] = Applied(control=control)
