@@ -9,45 +9,79 @@ once.
 from __future__ import annotations
 
 import asyncio
-import sqlite3
+import os
 import time
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 
 import effectflow as ef
 from effectflow.contracts import registry as registry_mod
 from effectflow.ledger.records import StepStatus
+from effectflow.ledger.store import LedgerStore, open_store
+
+PG = os.environ.get("EFFECTFLOW_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
 
 RUNS = 16
 AT_A_TIME = 8
 STEPS = 3
 
 
-class World:
-    """A ledger file, and the outside world: one line per write in a file."""
+@pytest.fixture(params=["sqlite", "postgres"])
+def ledger(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """The URL of a fresh ledger on each backend (PostgreSQL: a database of its own, dropped
+    after; skipped, saying why, when no server answers)."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'ledger.db'}"
+        return
+    name = f"ef_agc_{uuid.uuid4().hex[:12]}"
+    try:
+        with psycopg.connect(PG, autocommit=True, connect_timeout=3) as conn:
+            conn.execute(f'CREATE DATABASE "{name}"')
+    except psycopg.Error as exc:
+        pytest.skip(f"PostgreSQL not reachable at {PG}: {' '.join(str(exc).split())}")
+    try:
+        yield PG.rsplit("/", 1)[0] + "/" + name
+    finally:
+        with psycopg.connect(PG, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
-    def __init__(self, folder: Path) -> None:
-        self.db = folder / "ledger.db"
+
+class World:
+    """A ledger, and the outside world: one line per write in a file."""
+
+    def __init__(self, folder: Path, url: str) -> None:
+        self.url = url
         self.sent = folder / "sent.txt"
         self.sent.touch()
         #: Per call: whether its intent was committed (seen from another connection) at the call.
         self.intent_was_durable: list[bool] = []
         #: Run ids whose lease a test takes over inside their first call.
         self.steal: set[str] = set()
+        self._reader: LedgerStore | None = None
 
-    def committed_status(self, key: str) -> str | None:
-        """The step status another connection reads for this idempotency key: only what is
-        committed is visible there."""
-        conn = sqlite3.connect(self.db)
-        try:
-            row = conn.execute(
-                "SELECT status FROM steps WHERE idempotency_key = ?", (key,)
-            ).fetchone()
-        finally:
-            conn.close()
-        return None if row is None else str(row[0])
+    def committed_status(self, run: str, step_id: str) -> str | None:
+        """The step's status as a store of its own reads it: only what is committed is visible
+        there."""
+        if self._reader is None:
+            self._reader = open_store(self.url)
+        found = [s for s in self._reader.steps(run) if s.step_id == step_id]
+        return found[0].status.value if found else None
+
+    def close(self) -> None:
+        if self._reader is not None:
+            self._reader.close()
+
+
+@pytest.fixture
+def world(tmp_path: Path, ledger: str) -> Iterator[World]:
+    made = World(tmp_path, ledger)
+    yield made
+    made.close()
 
 
 def _app(world: World) -> tuple[registry_mod.Registry, ef.Workflow[..., Any]]:
@@ -61,11 +95,11 @@ def _app(world: World) -> tuple[registry_mod.Registry, ef.Workflow[..., Any]]:
 
     def send(run: str, n: int, *, idempotency_key: str) -> dict[str, Any]:
         world.intent_was_durable.append(
-            world.committed_status(idempotency_key) == StepStatus.INTENT_RECORDED.value
+            world.committed_status(run, f"send_{n}") == StepStatus.INTENT_RECORDED.value
         )
         if run in world.steal and n == 0:
             # Another worker takes the run over while this call is on its way.
-            other = ef.Runtime(f"sqlite:///{world.db}")
+            other = ef.Runtime(world.url)
             try:
                 held = other.store.get_run(run)
                 assert held is not None
@@ -108,11 +142,10 @@ async def _start_all(
     return await asyncio.gather(*(one(i) for i in ids), return_exceptions=True)
 
 
-def test_async_runs_started_together_share_transactions(tmp_path: Path) -> None:
-    world = World(tmp_path)
+def test_async_runs_started_together_share_transactions(world: World) -> None:
     registry, flow = _app(world)
     ids = [f"run-{i}" for i in range(RUNS)]
-    with ef.Runtime(f"sqlite:///{world.db}", registry=registry) as rt:
+    with ef.Runtime(world.url, registry=registry) as rt:
         results = asyncio.run(_start_all(rt, flow, ids))
         assert all(isinstance(r, ef.RunRecord) for r in results), results
         assert {r.status for r in results if isinstance(r, ef.RunRecord)} == {
@@ -132,14 +165,13 @@ def test_async_runs_started_together_share_transactions(tmp_path: Path) -> None:
     assert len(keys) == len(set(keys)) == RUNS * STEPS
 
 
-def test_a_refused_batch_does_not_sink_the_others_in_its_group(tmp_path: Path) -> None:
+def test_a_refused_batch_does_not_sink_the_others_in_its_group(world: World) -> None:
     """One run loses its lease during its first call: its outcome is refused (LeaseLost) in a
     transaction it shares with the other runs' outcomes, which commit."""
-    world = World(tmp_path)
     world.steal = {"run-3"}
     registry, flow = _app(world)
     ids = [f"run-{i}" for i in range(AT_A_TIME)]
-    with ef.Runtime(f"sqlite:///{world.db}", registry=registry) as rt:
+    with ef.Runtime(world.url, registry=registry) as rt:
         results = dict(zip(ids, asyncio.run(_start_all(rt, flow, ids)), strict=True))
         assert isinstance(results.pop("run-3"), ef.LeaseLost)
         assert {r.status for r in results.values() if isinstance(r, ef.RunRecord)} == {
@@ -157,12 +189,11 @@ def test_a_refused_batch_does_not_sink_the_others_in_its_group(tmp_path: Path) -
 
 @pytest.mark.parametrize("group_commit", [True, False])
 def test_a_lone_async_run_and_group_commit_off_commit_each_batch(
-    tmp_path: Path, group_commit: bool
+    world: World, group_commit: bool
 ) -> None:
     """One run at a time, or group commit off: every batch is its own transaction, as before."""
-    world = World(tmp_path)
     registry, flow = _app(world)
-    with ef.Runtime(f"sqlite:///{world.db}", registry=registry, group_commit=group_commit) as rt:
+    with ef.Runtime(world.url, registry=registry, group_commit=group_commit) as rt:
         for i in range(3):
             run = asyncio.run(rt.start_async(flow, run_id=f"alone-{i}", run=f"alone-{i}"))
             assert run.status is ef.RunStatus.SUCCEEDED

@@ -106,9 +106,10 @@ class Runtime:
         self.owner = f"{_host()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         #: The runs this runtime executes now, and the heartbeat renewing their leases.
         self.leases = leases_mod.Leases(self)
-        #: Shares transactions between the writes of runs executed concurrently (None: off).
-        if group_commit is None:  # the backend's measured default (BENCHMARKS.md)
-            group_commit = self.store.group_commit_default
+        #: Shares transactions between the writes of runs executed concurrently on threads (None:
+        #: off). Unless told, the backend's measured default (BENCHMARKS.md, "Workers"): on for
+        #: SQLite, off for PostgreSQL, which flushes concurrent commits together by itself.
+        threads = self.store.group_commit_default if group_commit is None else group_commit
         self.committer = (
             group_commit_mod.GroupCommitter(
                 self.store,
@@ -116,14 +117,16 @@ class Runtime:
                 clock=clock,
                 max_parallel=self.store.max_concurrent_writers,
             )
-            if group_commit
+            if threads
             else None
         )
         #: The same for runs driven by asyncio (``start_async``): coroutines that commit in the
-        #: same turn of the event loop share a transaction (None: off).
+        #: same turn of the event loop share a transaction (None: off). On unless
+        #: ``group_commit=False``, on both backends: with no threads there is no GIL handoff or
+        #: lock held across a round trip to pay for it (BENCHMARKS.md, "Against the peers").
         self.async_committer = (
             group_commit_mod.AsyncGroupCommitter(self.store, lease_ttl=lease_ttl, clock=clock)
-            if group_commit
+            if group_commit is not False
             else None
         )
         #: Set when the process is shutting down: runs stop at their next step and are released.
