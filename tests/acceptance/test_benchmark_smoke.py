@@ -69,3 +69,27 @@ def test_write_profile_reports_statements_pages_and_threads() -> None:
     assert out.count("8 thread(s)") == 6
     # Only the intents ledger switches the synchronous mode between transactions.
     assert out.count("PRAGMA synchronous=NORMAL") == 1
+
+
+def test_async_group_commit_benchmark_groups_on_sqlite() -> None:
+    """`async_group_commit.py` (BENCHMARKS.md, "Workers") runs, and with group commit on, the 8
+    async runs' commits share transactions on SQLite (on PostgreSQL too when a server answers)."""
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(SCRIPT.parent / "async_group_commit.py"),
+            "--workflows",
+            "16",
+            "--repeat",
+            "1",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    rows = [line.split(" | ") for line in done.stdout.splitlines() if line.startswith("| sqlite")]
+    by = {(r[1], r[2]): r for r in rows}
+    assert float(by[("on (default)", "write")][6].rstrip(" |")) > 1.0
+    assert float(by[("off", "write")][6].rstrip(" |")) == 1.0

@@ -123,7 +123,7 @@ class Runtime:
         #: The same for runs driven by asyncio (``start_async``): coroutines that commit in the
         #: same turn of the event loop share a transaction (None: off). On unless
         #: ``group_commit=False``, on both backends: with no threads there is no GIL handoff or
-        #: lock held across a round trip to pay for it (BENCHMARKS.md, "Against the peers").
+        #: lock held across a round trip to pay for it (BENCHMARKS.md, "Async group commit").
         self.async_committer = (
             group_commit_mod.AsyncGroupCommitter(self.store, lease_ttl=lease_ttl, clock=clock)
             if group_commit is not False
