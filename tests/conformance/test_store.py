@@ -426,6 +426,28 @@ def test_apply_many_commits_good_batches_and_reports_refused_ones(store: LedgerS
     assert store.verify_audit() == []
 
 
+def test_a_taken_run_id_refuses_its_batch_and_only_its_batch(store: LedgerStore) -> None:
+    """Creating a run whose id exists writes nothing and raises IdempotencyConflict; in a group
+    commit it is that batch's refusal, not the group's (two callers may start the same run id at
+    once, and the runtime then returns the run the other one created)."""
+    create_run(store, "r1")
+    before = snapshot(store, "r1")
+    again = Batch("r1", lease_token=None, new_run=make_run("r1", input={"other": True}))
+    again.event("run_started", T0 + 1, workflow="customer_case")
+    with pytest.raises(errors.IdempotencyConflict, match="r1"):
+        store.apply(again, lease_ttl=TTL, now=T0 + 1)
+    fresh = Batch("r2", lease_token=None, new_run=make_run("r2"))
+    fresh.event("run_started", T0 + 1, workflow="customer_case")
+    results = store.apply_many([again, fresh], lease_ttl=TTL, now=T0 + 1)
+    assert isinstance(results[0].error, errors.IdempotencyConflict)
+    assert results[1].error is None
+    assert snapshot(store, "r1") == before
+    created = store.get_run("r2")
+    assert created is not None
+    assert [e.kind for e in store.audit("r2")] == ["run_started"]
+    assert store.verify_audit() == []
+
+
 def test_group_commits_go_on_working_after_refused_batches(store: LedgerStore) -> None:
     """Many groups in a row, each with a refused batch, on the same connection: every good batch
     commits. (On PostgreSQL, psycopg prepares a statement after a few executions and forgets its

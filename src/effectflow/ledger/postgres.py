@@ -128,9 +128,12 @@ _BIND_OPERATION = (
     _insert_sql("operations", _OPERATION_FIELDS) + " ON CONFLICT DO NOTHING RETURNING tenant"
 )
 _RUN_COLUMNS = [_column(f) for f in _RUN_FIELDS]
+# A run id taken already inserts nothing and returns no row: the batch is refused on its own
+# (IdempotencyConflict), not the group transaction it shares with other runs' batches.
 _INSERT_RUN = (
     f"INSERT INTO runs ({', '.join(_RUN_COLUMNS)}, audit_head, audit_count) "
-    f"VALUES ({', '.join('%s' for _ in _RUN_COLUMNS)}, %s, 0)"
+    f"VALUES ({', '.join('%s' for _ in _RUN_COLUMNS)}, %s, 0) "
+    "ON CONFLICT (run_id) DO NOTHING RETURNING audit_head, audit_count, control_json"
 )
 _INSERT_AUDIT = (
     "INSERT INTO audit (run_id, step_id, effect_id, kind, actor, detail_json, at, prev_hash, hash) "
@@ -489,11 +492,17 @@ class PostgresStore:
     ) -> dict[str, Any] | None:
         """Write one batch in the caller's transaction and pipeline: one round trip for the new
         run and the fence, one per operation binding, and the rest go with the commit."""
+        head = None
         if batch.new_run is not None:
             run = batch.new_run
-            conn.execute(
-                _INSERT_RUN, [*_row_values(run, _RUN_FIELDS), audit_chain.genesis(run.run_id)]
+            head = _one(
+                conn, _INSERT_RUN, [*_row_values(run, _RUN_FIELDS), audit_chain.genesis(run.run_id)]
             )
+            if head is None:
+                raise errors.IdempotencyConflict(
+                    f"run id {run.run_id!r} is taken; nothing of this batch was written",
+                    run_id=run.run_id,
+                )
         if batch.lease_token is not None:
             head = _one(
                 conn,
@@ -507,7 +516,7 @@ class PostgresStore:
                     "another worker owns the run, so this process writes nothing",
                     run_id=batch.run_id,
                 )
-        else:
+        elif head is None:
             head = _one(
                 conn,
                 "SELECT audit_head, audit_count, control_json FROM runs WHERE run_id = %s "

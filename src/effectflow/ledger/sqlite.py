@@ -120,9 +120,12 @@ _UPSERT_EFFECT = _upsert_sql(
     fixed=("run_id", "step_id", "created_at", "compensates"),
 )
 _RUN_COLUMNS = [_column(f) for f in _RUN_FIELDS]
+# A run id taken already inserts nothing and returns no row: the batch is refused on its own
+# (IdempotencyConflict), not the group transaction it shares with other runs' batches.
 _INSERT_RUN = (
     f"INSERT INTO runs ({', '.join(_RUN_COLUMNS)}, audit_head, audit_count) "
-    f"VALUES ({', '.join('?' for _ in _RUN_COLUMNS)}, ?, 0)"
+    f"VALUES ({', '.join('?' for _ in _RUN_COLUMNS)}, ?, 0) "
+    "ON CONFLICT (run_id) DO NOTHING RETURNING audit_head, audit_count, control_json"
 )
 
 
@@ -336,12 +339,18 @@ class SQLiteStore:
     def _apply_txn(
         self, conn: sqlite3.Connection, batch: Batch, *, lease_ttl: float, now: float
     ) -> dict[str, Any] | None:
+        head = None
         if batch.new_run is not None:
             run = batch.new_run
-            conn.execute(
+            head = conn.execute(
                 _INSERT_RUN,
                 [*_row_values(run, _RUN_FIELDS), audit_chain.genesis(run.run_id)],
-            )
+            ).fetchone()
+            if head is None:
+                raise errors.IdempotencyConflict(
+                    f"run id {run.run_id!r} is taken; nothing of this batch was written",
+                    run_id=run.run_id,
+                )
         if batch.lease_token is not None:
             head = conn.execute(
                 "UPDATE runs SET lease_expires_at = ? WHERE run_id = ? AND lease_token = ? "
@@ -354,7 +363,7 @@ class SQLiteStore:
                     "another worker owns the run, so this process writes nothing",
                     run_id=batch.run_id,
                 )
-        else:
+        elif head is None:
             head = conn.execute(
                 "SELECT audit_head, audit_count, control_json FROM runs WHERE run_id = ?",
                 (batch.run_id,),
