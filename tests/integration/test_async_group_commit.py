@@ -9,7 +9,9 @@ once.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import os
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -62,6 +64,9 @@ class World:
         self.intent_was_durable: list[bool] = []
         #: Run ids whose lease a test takes over inside their first call.
         self.steal: set[str] = set()
+        #: When set, a call signals ``entered`` and waits for ``gate``.
+        self.gate: threading.Event | None = None
+        self.entered = threading.Event()
         self._reader: LedgerStore | None = None
 
     def committed_status(self, run: str, step_id: str) -> str | None:
@@ -109,6 +114,9 @@ def _app(world: World) -> tuple[registry_mod.Registry, ef.Workflow[..., Any]]:
                 assert taken is not None
             finally:
                 other.close()
+        if world.gate is not None:
+            world.entered.set()
+            world.gate.wait(10)
         with world.sent.open("a") as fh:
             fh.write(f"{idempotency_key}\t{run}\t{n}\n")
         return {"id": idempotency_key}
@@ -185,6 +193,45 @@ def test_a_refused_batch_does_not_sink_the_others_in_its_group(world: World) -> 
         assert committer is not None
         assert committer.batches > committer.transactions
         assert rt.verify_audit() == []
+
+
+def test_the_same_run_id_started_twice_at_once_is_one_run(world: World) -> None:
+    """Two callers start the same run id in the same turn of the loop, beside other runs: one
+    creates it, the other gets that run back (as ``start`` does); the group is unaffected."""
+    registry, flow = _app(world)
+    ids = ["twice", "twice", "other-1", "other-2"]
+    with ef.Runtime(world.url, registry=registry) as rt:
+        results = asyncio.run(_start_all(rt, flow, ids))
+        assert all(isinstance(r, ef.RunRecord) for r in results), results
+        assert {r.run_id for r in results if isinstance(r, ef.RunRecord)} == {
+            "twice",
+            "other-1",
+            "other-2",
+        }
+        for run_id in ("twice", "other-1", "other-2"):
+            assert rt.run(run_id).status is ef.RunStatus.SUCCEEDED
+            assert len(rt.store.steps(run_id)) == STEPS
+        assert rt.verify_audit() == []
+    keys = [line.split("\t")[0] for line in world.sent.read_text().splitlines()]
+    assert len(keys) == len(set(keys)) == 3 * STEPS
+
+
+def test_starting_a_run_this_process_is_executing_does_not_take_it_over(world: World) -> None:
+    """``start`` of a run id another thread of this process is executing returns the run as it
+    stands, instead of claiming its lease (which would stop the first caller with LeaseLost)."""
+    registry, flow = _app(world)
+    world.gate = threading.Event()
+    with (
+        ef.Runtime(world.url, registry=registry) as rt,
+        concurrent.futures.ThreadPoolExecutor(1) as pool,
+    ):
+        first = pool.submit(rt.start, flow, run_id="busy", run="busy")
+        assert world.entered.wait(10)
+        second = rt.start(flow, run_id="busy", run="busy")
+        assert second.status is ef.RunStatus.RUNNING
+        world.gate.set()
+        assert first.result(10).status is ef.RunStatus.SUCCEEDED
+    assert len(world.sent.read_text().splitlines()) == STEPS
 
 
 @pytest.mark.parametrize("group_commit", [True, False])

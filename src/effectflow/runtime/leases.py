@@ -47,6 +47,11 @@ class Leases:
             if self._held.get(state.run.run_id) is state:
                 del self._held[state.run.run_id]
 
+    def holds(self, run_id: str) -> bool:
+        """Whether this process is executing the run now."""
+        with self._lock:
+            return run_id in self._held
+
     def held(self) -> list[state_mod.RunState]:
         """The states of the runs held now."""
         with self._lock:

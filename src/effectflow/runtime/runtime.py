@@ -156,7 +156,9 @@ class Runtime:
         if it was interrupted); with another input it raises ``IdempotencyConflict``.
         """
         run, fresh = self._create(workflow, run_id, input, leased=True)
-        if run.status is not RunStatus.RUNNING:
+        if run.status is not RunStatus.RUNNING or (not fresh and self.leases.holds(run.run_id)):
+            # Ended, paused, or being executed by this process now (another caller started it
+            # a moment ago): taking its lease over would stop that caller's execution.
             return run
         return self._drive(run, workflow, claimed=fresh)
 
@@ -169,8 +171,8 @@ class Runtime:
         ``start``, but without threads: see ``group_commit.AsyncGroupCommitter``.
         """
         run, fresh = await self._create_async(workflow, run_id, input)
-        if run.status is not RunStatus.RUNNING:
-            return run
+        if run.status is not RunStatus.RUNNING or (not fresh and self.leases.holds(run.run_id)):
+            return run  # as in ``start``
         return await self._drive_async(run, workflow, claimed=fresh)
 
     def submit(
