@@ -539,10 +539,7 @@ class Runtime:
         if batch is None:
             return run, False
         try:
-            if self.async_committer is not None:
-                await self.async_committer.commit(batch)
-            else:
-                self.store.apply(batch, lease_ttl=self.lease_ttl, now=run.created_at)
+            await self._apply_async(batch, run.created_at)
         except Exception as exc:
             return self._raced(run, exc), False
         return run, True
@@ -670,11 +667,13 @@ class Runtime:
         """``commit`` for a run driven by asyncio: with group commit, the batch shares a
         transaction with those of the other runs that commit in the same turn of the loop."""
         renewed = self._fence(state, batch)
+        self._committed(state, renewed, await self._apply_async(batch, renewed))
+
+    async def _apply_async(self, batch: Batch, now: float) -> dict[str, Any] | None:
+        """Through the async group committer when it is on, else alone."""
         if self.async_committer is not None:
-            control = await self.async_committer.commit(batch)
-        else:
-            control = self.store.apply(batch, lease_ttl=self.lease_ttl, now=renewed)
-        self._committed(state, renewed, control)
+            return await self.async_committer.commit(batch)
+        return self.store.apply(batch, lease_ttl=self.lease_ttl, now=now)
 
     def _fence(self, state: state_mod.RunState, batch: Batch) -> float:
         """Stamp the batch with the run's lease token; returns the time the lease is renewed from."""
