@@ -43,6 +43,7 @@ Decisions:
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import string
 import time
@@ -62,6 +63,7 @@ from effectflow import errors
 from effectflow.contracts.lookup import Lookup
 from effectflow.contracts.precondition import Expect
 from effectflow.contracts.tool import EffectClass, Idempotency, Tool, tool
+from effectflow.contrib.http import tagging
 
 #: Statuses that prove the provider refused the request before processing it.
 DEFAULT_NOT_COMMITTED_STATUSES: frozenset[int] = frozenset({429, 503})
@@ -262,7 +264,7 @@ class _HttpCall:
 
     The signature is what the runtime reads: it names the request's arguments (so the request
     digest and argument binding are exact), and it takes the idempotency key only when the
-    contract declares one - a tool that takes a key is trusted to send it.
+    request carries it (as ``Idempotency-Key`` or as a tag) - a tool that takes a key sends it.
     """
 
     def __init__(
@@ -275,6 +277,7 @@ class _HttpCall:
         body: Sequence[str],
         query: Sequence[str],
         key_param: str | None,
+        key_tags: tagging.KeyTags,
         sender: _Sender,
         not_committed_statuses: Collection[int],
     ) -> None:
@@ -285,6 +288,7 @@ class _HttpCall:
         self.body = list(body)
         self.query = list(query)
         self.key_param = key_param
+        self.key_tags = key_tags
         self.sender = sender
         self.not_committed_statuses = frozenset(not_committed_statuses)
         params = [_keyword(n, required=True) for n in path_args]
@@ -311,8 +315,6 @@ class _HttpCall:
         )
         url = self.sender.url(path)
         headers: dict[str, str] = {}
-        if key is not None:
-            headers["Idempotency-Key"] = str(key)
         if precondition is not None:
             headers["If-Match"] = precondition.if_match
         if deadline is not None:
@@ -322,16 +324,24 @@ class _HttpCall:
                     evidence={"deadline": deadline},
                 )
             headers["X-Request-Deadline"] = repr(float(deadline))
-        json: Any = None
-        if self.body or self.method in _BODY_METHODS:
-            json = {n: arguments[n] for n in self.body if arguments.get(n) is not None}
+        json = {n: arguments[n] for n in self.body if arguments.get(n) is not None}
         params = {n: str(arguments[n]) for n in self.query if arguments.get(n) is not None}
+        if key is not None:
+            self.key_tags.apply(str(key), headers=headers, json=json, params=params)
+        has_body = self.body or self.method in _BODY_METHODS or self.key_tags.field is not None
         response = self.sender.send(
-            self.method, url, headers=headers, json=json, params=params or None
+            self.method,
+            url,
+            headers=headers,
+            json=json if has_body else None,
+            params=params or None,
         )
+        # Only a key the provider deduplicates by gives meaning to "in progress" or "key reused";
+        # a tag is just a value the provider stores.
+        deduplicated = key is not None and self.key_tags.idempotency_header
         signal = signal_for_response(
             response,
-            idempotency_key=None if key is None else str(key),
+            idempotency_key=str(key) if deduplicated else None,
             not_committed_statuses=self.not_committed_statuses,
         )
         if signal is not None:
@@ -353,9 +363,13 @@ def http_tool(
     body: Sequence[str] = (),
     query: Sequence[str] = (),
     idempotency: Idempotency | None = None,
+    key_header: str | None = None,
+    key_field: str | None = None,
+    key_query: str | None = None,
     confirm: Tool[..., Any] | str | None = None,
     effect_id: str | None = None,
     timeout: float | None = None,
+    settles_within: str | float | None = None,
     version: str | int = 1,
     register: bool = True,
     client: httpx.Client | None = None,
@@ -372,6 +386,12 @@ def http_tool(
     idempotency the key goes in the ``Idempotency-Key`` header; ``precondition=ef.Expect(...)``
     goes in ``If-Match``; the runtime's ``deadline`` goes in ``X-Request-Deadline``.
 
+    A provider that does not deduplicate can still be searched by a tag the caller attached: with
+    ``key_header``, ``key_field`` or ``key_query`` each request carries the key there (the tool
+    then takes the key, whatever its idempotency), the contract's ``idempotency.tagged_as`` says
+    where, and an :func:`http_lookup` by key can find the effect after a lost response. A lookup
+    by key for a tool that sends the key nowhere is refused here: it would find nothing, always.
+
     Args:
         name: The tool's name.
         method: The HTTP method (``POST``).
@@ -380,9 +400,14 @@ def http_tool(
         body: Arguments sent in the JSON body; POST, PUT and PATCH send ``{}`` when empty.
         query: Arguments sent in the query string.
         idempotency: As for ``ef.tool``; with ``supported=True`` the key is sent.
+        key_header: A header that carries the key as a tag (``X-Client-Key``).
+        key_field: A JSON body field that carries the key as a tag (``client_reference``).
+        key_query: A query parameter that carries the key as a tag (``ref``).
         confirm: The lookup tool (see :func:`http_lookup`).
         effect_id: The response field holding the provider's id of the effect.
         timeout: Seconds before the call counts as timed out, for the runtime and for httpx.
+        settles_within: How long after a call starts the provider may still commit it (seconds,
+            ISO 8601 or ``"unbounded"``), as for ``ef.tool``; passed on only when given.
         version: The tool's version.
         register: Add the tool to the default registry.
         client: An ``httpx.Client`` to send with (its base URL, auth, pool and transport);
@@ -393,17 +418,25 @@ def http_tool(
         **contract: Any other ``ef.tool`` argument (``completion``, ``compensation``, ``retry``...).
 
     Raises:
-        errors.ContractError: A bad template, an argument named twice, or a reserved name.
+        errors.ContractError: A bad template, an argument named twice, a reserved name, a tag that
+            collides with an argument or a header the tool sets, or a lookup by key (``confirm=``
+            an :func:`http_lookup` that searches by key) for a tool that does not send the key.
     """
     idem = idempotency or Idempotency()
     path_args = _template_fields(url_template)
     names = [*path_args, *body, *query]
-    key_param = idem.key_param if idem.supported else None
+    tags = tagging.KeyTags(
+        idempotency_header=idem.supported, header=key_header, field=key_field, query=key_query
+    )
+    key_param = idem.key_param if tags.sends_key else None
     reserved = _RESERVED | ({key_param} if key_param else set())
     if len(set(names)) != len(names) or reserved & set(names):
         raise errors.ContractError(
             f"tool {name}: the arguments {names} must be distinct and none of {sorted(reserved)}"
         )
+    tags.check(name, body=body, query=query)
+    idem = _tagged(name, effect, idem, tags)
+    _check_lookup_by_key(name, confirm, tags)
     call = _HttpCall(
         name=name,
         method=method.upper(),
@@ -412,9 +445,13 @@ def http_tool(
         body=body,
         query=query,
         key_param=key_param,
+        key_tags=tags,
         sender=_Sender(client, base_url, headers, timeout),
         not_committed_statuses=not_committed_statuses,
     )
+    if settles_within is not None:
+        # Only when given, so this works with an engine that does not know the field yet.
+        contract["settles_within"] = settles_within
     declare = tool(
         name,
         version=version,
@@ -427,6 +464,65 @@ def http_tool(
         **contract,
     )
     return declare(call)
+
+
+def _tagged(
+    name: str, effect: EffectClass | str, idem: Idempotency, tags: tagging.KeyTags
+) -> Idempotency:
+    """The contract's idempotency with ``tagged_as`` saying where the request carries the key.
+
+    A ``tagged_as`` the caller gave is kept (it may name where the provider stores the tag, such
+    as ``metadata.client_reference``), but only if the request really carries the key.
+
+    Raises:
+        errors.ContractError: A tag on a tool that does not write, or a ``tagged_as`` for a tool
+            that sends the key nowhere.
+    """
+    writes = effect not in (EffectClass.PURE, EffectClass.READ)  # ef.tool refuses a bad class
+    if tags.tagged and not writes:
+        raise errors.ContractError(
+            f"tool {name}: a {effect} tool has no key to tag; remove key_header, key_field and "
+            "key_query or declare a write effect class"
+        )
+    if not tags.sends_key:
+        if idem.tagged_as is not None:
+            raise errors.ContractError(
+                f"tool {name}: idempotency.tagged_as={idem.tagged_as!r}, but the request does not "
+                "carry the key; tag it with key_header=..., key_field=... or key_query=..."
+            )
+        return idem
+    if idem.tagged_as is not None:
+        return idem
+    return dataclasses.replace(idem, tagged_as=tags.tagged_as)
+
+
+def _check_lookup_by_key(
+    name: str, confirm: Tool[..., Any] | str | None, tags: tagging.KeyTags
+) -> None:
+    """Refuse a lookup by key for a tool whose requests never carry the key (DESIGN §3.1).
+
+    Such a lookup always finds nothing, and "nothing" would pass for "not committed": a lost
+    response would be sent again. Only a lookup built by :func:`http_lookup` says what it searches
+    by; a lookup named by its ``name@version`` is not known until the runtime calls it.
+
+    Raises:
+        errors.ContractError: The pairing is of that kind, naming both fixes.
+    """
+    if tags.sends_key or not isinstance(confirm, Tool):
+        return
+    lookup = confirm.fn
+    if not isinstance(lookup, _HttpLookup) or not lookup.searches_by_key:
+        return
+    raise errors.ContractError(
+        f"tool {name}: its lookup {confirm.ref} searches by idempotency key "
+        f"({lookup.searches_by}), but the request never carries the key, so the lookup can only "
+        'ever find nothing, and "not found" would re-send a call that may have landed. Tag the '
+        "request with the key (key_header='X-Client-Key', key_field='client_reference' or "
+        "key_query='ref', whichever the provider stores and can be searched by), declare "
+        "idempotency=ef.Idempotency(supported=True) if the provider deduplicates by "
+        "Idempotency-Key, or look up by external id (http_lookup(..., key_query=None) with "
+        "{external_effect_id} in its URL)"
+    )
 
 
 # -- lookups -------------------------------------------------------------------------------------
@@ -461,6 +557,19 @@ class _HttpLookup:
                 _keyword("external_effect_id", required=False),
             ]
         )
+
+    @property
+    def searches_by(self) -> str:
+        """What the search names the effect by (``query:idempotency_key``, ``path:{...}``)."""
+        places = [f"path:{{{n}}}" for n in self.path_args]
+        if self.key_query is not None:
+            places.insert(0, f"query:{self.key_query}")
+        return ", ".join(places) or "nothing"
+
+    @property
+    def searches_by_key(self) -> bool:
+        """Whether the search names the idempotency key (it then needs the call to have sent it)."""
+        return self.key_query is not None or "idempotency_key" in self.path_args
 
     def __call__(
         self, *, idempotency_key: str | None = None, external_effect_id: str | None = None
