@@ -8,7 +8,9 @@ closes, slow answers and refused connections.
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import re
 import socket
 import struct
 import threading
@@ -47,7 +49,11 @@ def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProviderServic
 def client(service: ProviderService) -> Iterator[httpx.Client]:
     with httpx.Client(base_url=service.url, timeout=5.0, trust_env=False) as made:
         yield made
-        for provider in ("mail", "deploy"):  # a fault a failed test left unconsumed must not leak
+        for provider in (
+            "mail",
+            "deploy",
+            "notify",
+        ):  # a fault a failed test left unconsumed must not leak
             made.post("/_admin/clear_faults", json={"provider": provider})
 
 
@@ -255,6 +261,112 @@ def test_a_deadline_already_past_is_not_sent_at_all(client: httpx.Client, uid: s
     assert len(sent_to(client, to)) == 1
 
 
+# -- a provider that does not deduplicate, searched by a tag ------------------------------------
+
+
+def notify_post(
+    client: httpx.Client, *, confirm: ef.Tool[..., Any] | None = None, **tags: Any
+) -> ef.Tool[..., Any]:
+    """A non-idempotent chat post: every call posts a new message."""
+    return http_tool(
+        "http_notify_post",
+        "POST",
+        "/notify/post",
+        effect="external_write",
+        body=("channel", "text"),
+        confirm=confirm,
+        effect_id="notification_id",
+        timeout=1.0,
+        client=client,
+        register=False,
+        retry=ef.RetryPolicy(max_attempts=3),
+        **tags,
+    )
+
+
+def notify_search(client: httpx.Client) -> ef.Tool[..., ef.Lookup]:
+    """The chat provider's search by client tag: the lookup by key, if the post carried the key."""
+    return http_lookup(
+        "http_notify_search",
+        "/notify/search",
+        key_query="client_tag",
+        items="data",
+        effect_id="notification_id",
+        state=None,
+        client=client,
+        register=False,
+    )
+
+
+def test_a_tagged_post_is_confirmed_by_its_tag_after_a_lost_response(
+    client: httpx.Client, uid: str, tmp_path: Path
+) -> None:
+    """A non-idempotent post carrying its key as the provider's client_tag: the provider commits
+    and the answer is lost, the lookup by key finds the one message, the run succeeds, and the
+    provider's own records hold exactly one post (never re-sent)."""
+    search = notify_search(client)
+    post = notify_post(client, confirm=search, key_field="client_tag")
+    assert post.takes_key
+    assert post.contract.idempotency == ef.Idempotency(supported=False, tagged_as="body:client_tag")
+    registry = Registry()
+    registry.add_tool(post)
+    registry.add_tool(search)
+    channel = f"#case-{uid}"
+
+    @ef.workflow("http_notify_case", register=False)
+    def case(ctx: ef.Context) -> Any:
+        return ctx.call("notify", post, channel=channel, text="case 92 is yours")
+
+    inject(client, "notify", "post", "lose_response")
+    with ef.Runtime(f"sqlite:///{tmp_path / 'ledger.db'}", registry=registry) as rt:
+        run = rt.start(case, run_id=f"run-{uid}")
+        assert run.status is ef.RunStatus.SUCCEEDED
+        [step] = rt.steps(run.run_id)
+        attempts = [(a.kind.value, a.outcome) for a in rt.attempts(run.run_id)]
+    assert step.status is ef.StepStatus.CONFIRMED
+    assert attempts == [("call", "unknown"), ("lookup", "committed")]
+    [posted] = client.get("/notify/notifications", params={"channel": channel}).json()["data"]
+    assert posted["client_tag"] == step.idempotency_key
+    assert run.output["notification_id"] == posted["notification_id"]
+    assert step.external_effect_id == posted["notification_id"]
+    calls = client.get("/_admin/calls/notify", params={"operation": "post"}).json()["data"]
+    mine = [(c["fault"], c["outcome"]) for c in calls if c["key"] == step.idempotency_key]
+    assert mine == [("lose_response", "ok")]
+
+
+def test_a_lookup_by_key_for_a_post_that_never_sends_the_key_is_refused_when_built(
+    client: httpx.Client,
+) -> None:
+    """The search by client_tag would always find nothing for an untagged post, and "nothing"
+    would re-send a post that may have landed: refused at build time, naming the fixes."""
+    with pytest.raises(ef.ContractError) as refused:
+        notify_post(client, confirm=notify_search(client))
+    message = str(refused.value)
+    assert "http_notify_search@1 searches by idempotency key (query:client_tag)" in message
+    assert "never carries the key" in message
+    for fix in ("key_header=", "key_field=", "key_query=", "supported=True", "external id"):
+        assert fix in message
+    by_path = http_lookup(
+        "by_key_path", "/notify/{idempotency_key}", key_query=None, register=False
+    )
+    with pytest.raises(ef.ContractError, match=re.escape("path:{idempotency_key}")):
+        notify_post(client, confirm=by_path)
+
+
+def test_a_lookup_by_external_id_only_stays_allowed_for_an_untagged_post(
+    client: httpx.Client,
+) -> None:
+    """A lookup that names the effect by the provider's id asks for nothing the call did not
+    carry; the untagged post builds, takes no key and claims no tag."""
+    by_id = http_lookup(
+        "http_notification", "/notify/{external_effect_id}", key_query=None, register=False
+    )
+    post = notify_post(client, confirm=by_id)
+    assert not post.takes_key
+    assert post.contract.idempotency.tagged_as is None
+    assert post.contract.confirm == by_id.ref
+
+
 # -- against a purpose-built server --------------------------------------------------------------
 
 
@@ -452,6 +564,90 @@ def test_empty_and_non_json_answers_are_returned_as_they_are(tiny: str) -> None:
     tool = post_tool(tiny)
     assert tool(path="empty", idempotency_key="k1") is None
     assert tool(path="text", idempotency_key="k1") == "plain words"
+
+
+def tagged_tool(url: str, **tags: Any) -> ef.Tool[..., Any]:
+    return http_tool(
+        "http_tiny_tagged",
+        "POST",
+        "/{path}",
+        effect="external_write",
+        body=("text",),
+        query=("q",),
+        base_url=url,
+        timeout=5.0,
+        register=False,
+        **tags,
+    )
+
+
+def test_a_tagged_request_carries_the_key_where_its_contract_says(tiny: str) -> None:
+    """A tag puts the key in a header, a body field and a query parameter, never in
+    Idempotency-Key (the provider does not deduplicate), and tagged_as names each place."""
+    tool = tagged_tool(
+        tiny, key_header="X-Client-Key", key_field="client_reference", key_query="ref"
+    )
+    assert tool.takes_key
+    assert tool.contract.idempotency.tagged_as == (
+        "header:X-Client-Key, body:client_reference, query:ref"
+    )
+    echoed = tool(path="echo", text="hi", q="a", idempotency_key="k1")
+    assert echoed["headers"]["x-client-key"] == "k1"
+    assert "idempotency-key" not in echoed["headers"]
+    assert echoed["json"] == {"text": "hi", "client_reference": "k1"}
+    assert echoed["path"] == "/echo?q=a&ref=k1"
+    assert KEYED.tagged_as is None
+    keyed = post_tool(tiny)
+    assert keyed.contract.idempotency.tagged_as == "header:Idempotency-Key"
+    mine = ef.Idempotency(supported=True, tagged_as="metadata.client_reference")
+    kept = http_tool(
+        "kept", "POST", "/x", effect="external_write", idempotency=mine, register=False
+    )
+    assert kept.contract.idempotency.tagged_as == "metadata.client_reference"
+
+
+def test_a_tagged_get_sends_the_key_in_a_body_and_a_tag_is_not_a_dedup_key(tiny: str) -> None:
+    """A body tag makes even a bodiless method send JSON; an "in progress" 409 for a tagged,
+    non-idempotent request is a plain rejection, since the provider dedups by nothing."""
+    echoed = tagged_tool(tiny, key_field="ref")(path="echo", idempotency_key="k1")
+    assert echoed["json"] == {"ref": "k1"}
+    with pytest.raises(ef.Rejected):
+        tagged_tool(tiny, key_header="X-Client-Key")(path="in-progress", idempotency_key="k1")
+
+
+@pytest.mark.parametrize(
+    ("tags", "words"),
+    [
+        ({"key_field": "text"}, "also a body argument"),
+        ({"key_query": "q"}, "also a query argument"),
+        ({"key_header": "idempotency-key"}, "supported=True"),
+        ({"key_header": "If-Match"}, "sets itself"),
+    ],
+)
+def test_a_tag_that_overwrites_part_of_the_request_is_refused(
+    tags: dict[str, str], words: str
+) -> None:
+    """A tag may not take over an argument or a header the tool sets for its own reasons."""
+    with pytest.raises(ef.ContractError, match=words):
+        tagged_tool("http://127.0.0.1:9", **tags)
+
+
+def test_a_tag_on_a_read_or_a_claimed_tag_that_is_not_sent_is_refused() -> None:
+    """A read has no key to tag; tagged_as on a request that carries no key is false."""
+    with pytest.raises(ef.ContractError, match="no key to tag"):
+        http_tool("r", "GET", "/x", effect="read", key_query="ref", register=False)
+    claimed = ef.Idempotency(tagged_as="header:X-Client-Key")
+    with pytest.raises(ef.ContractError, match="does not carry the key"):
+        http_tool("w", "POST", "/x", effect="external_write", idempotency=claimed, register=False)
+
+
+def test_settles_within_is_passed_on_to_the_contract_only_when_given() -> None:
+    """settles_within reaches the contract; left out, the contract's default stands."""
+    if "settles_within" not in {f.name for f in dataclasses.fields(ef.ToolContract)}:
+        pytest.skip("this engine's contracts have no settles_within yet")
+    bounded = tagged_tool("http://127.0.0.1:9", key_header="X-Client-Key", settles_within="PT30S")
+    assert getattr(bounded.contract, "settles_within") == "PT30S"  # noqa: B009 - see the skip
+    assert getattr(tagged_tool("http://127.0.0.1:9").contract, "settles_within") is None  # noqa: B009
 
 
 def test_the_signature_names_exactly_the_arguments() -> None:
