@@ -1,7 +1,8 @@
 """Tools that call an HTTP API, with every network failure mapped to what the runtime must know.
 
 ``http_tool`` builds a write (or read) tool from a method and a URL template; ``http_lookup``
-builds the confirm tool that finds an effect by its idempotency key. Install with
+builds the confirm tool that finds an effect by its idempotency key (which the tool must send: as
+``Idempotency-Key``, or as a tag with ``key_header``, ``key_field`` or ``key_query``). Install with
 ``pip install 'effectflow[http]'``.
 """
 

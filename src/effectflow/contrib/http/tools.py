@@ -39,6 +39,9 @@ Decisions:
   pass ``not_committed_statuses=()`` and they become ``OutcomeUnknown``.
 - A 504 is unknown even when its body says ``deadline_exceeded``: a gateway's 504 looks the same,
   and the lookup settles it cheaply.
+- A key sent as a tag (``key_header``, ``key_field``, ``key_query``) is a value the provider
+  stores, not one it deduplicates by: the idempotency rows do not apply to it, and a lookup by key
+  is refused for a tool that sends the key nowhere (see :mod:`effectflow.contrib.http.tagging`).
 """
 
 from __future__ import annotations
