@@ -416,18 +416,26 @@ class PostgresStore:
         return [r for r in results if r is not None]
 
     def claim_runnable(
-        self, *, owner: str, ttl: float, now: float, limit: int
+        self,
+        *,
+        owner: str,
+        ttl: float,
+        now: float,
+        limit: int,
+        dead_owners: Sequence[str] = (),
     ) -> list[records.RunRecord]:
         """Lease runnable runs; rows another claimer is taking are skipped, never waited for."""
+        dead = list(dict.fromkeys(dead_owners))
+        or_dead = " OR lease_owner = ANY(%s::text[])" if dead else ""
         rows = self._statement(
             "WITH picked AS (SELECT run_id FROM runs "
             "WHERE status IN ('running', 'cancelling') "
-            "AND (lease_expires_at IS NULL OR lease_expires_at < %s) "
+            f"AND (lease_expires_at IS NULL OR lease_expires_at < %s{or_dead}) "
             "ORDER BY created_at, insert_seq LIMIT %s FOR UPDATE SKIP LOCKED) "
             "UPDATE runs SET lease_owner = %s, lease_token = runs.lease_token + 1, "
             "lease_expires_at = %s FROM picked WHERE runs.run_id = picked.run_id "
             "RETURNING runs.*",
-            (now, limit, owner, now + ttl),
+            (now, *([dead] if dead else []), limit, owner, now + ttl),
         )
         rows.sort(key=lambda r: (r["created_at"], r["insert_seq"]))
         return [_run(r) for r in rows]
@@ -662,6 +670,15 @@ class PostgresStore:
         )
         return [_run(r) for r in rows]
 
+    def lease_owners(self, *, now: float) -> list[str]:
+        """Owners of unexpired leases on running runs."""
+        rows = self._statement(
+            "SELECT DISTINCT lease_owner FROM runs WHERE status IN ('running', 'cancelling') "
+            "AND lease_expires_at >= %s",
+            (now,),
+        )
+        return [r["lease_owner"] for r in rows if r["lease_owner"] is not None]
+
     def steps(self, run_id: str) -> list[records.StepRecord]:
         """Steps in order."""
         rows = self._statement("SELECT * FROM steps WHERE run_id = %s ORDER BY seq", (run_id,))
@@ -700,6 +717,20 @@ class PostgresStore:
             sql += " WHERE " + " AND ".join(where)
         sql += " ORDER BY created_at, insert_seq LIMIT %s"
         return [_effect(r) for r in self._statement(sql, [*params, limit])]
+
+    def effects_in_doubt(
+        self, *, tenant: str | None, now: float, limit: int = 1000
+    ) -> list[records.EffectRecord]:
+        """In-doubt effects no unexpired lease covers, oldest first."""
+        mine = "e.tenant = %s AND " if tenant is not None else ""
+        rows = self._statement(
+            "SELECT e.* FROM effects e JOIN runs r ON r.run_id = e.run_id "
+            f"WHERE {mine}e.status IN ('intent_recorded', 'unknown', 'needs_attention') "
+            "AND NOT (r.status IN ('running', 'cancelling') AND r.lease_expires_at IS NOT NULL "
+            "AND r.lease_expires_at >= %s) ORDER BY e.created_at, e.insert_seq LIMIT %s",
+            (*([tenant] if tenant is not None else []), now, limit),
+        )
+        return [_effect(r) for r in rows]
 
     def get_effect(
         self, effect_id: str, *, tenant: str | None = None

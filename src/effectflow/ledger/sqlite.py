@@ -304,17 +304,25 @@ class SQLiteStore:
         return results
 
     def claim_runnable(
-        self, *, owner: str, ttl: float, now: float, limit: int
+        self,
+        *,
+        owner: str,
+        ttl: float,
+        now: float,
+        limit: int,
+        dead_owners: Sequence[str] = (),
     ) -> list[records.RunRecord]:
         """Lease runnable runs (``BEGIN IMMEDIATE`` serializes claimers on one file)."""
+        dead = list(dict.fromkeys(dead_owners))
+        or_dead = f" OR lease_owner IN ({', '.join('?' for _ in dead)})" if dead else ""
         with self._write() as conn:
             rows = conn.execute(
                 "UPDATE runs SET lease_owner = ?, lease_token = lease_token + 1, "
                 "lease_expires_at = ? WHERE run_id IN (SELECT run_id FROM runs "
                 "WHERE status IN ('running', 'cancelling') "
-                "AND (lease_expires_at IS NULL OR lease_expires_at < ?) "
+                f"AND (lease_expires_at IS NULL OR lease_expires_at < ?{or_dead}) "
                 "ORDER BY created_at LIMIT ?) RETURNING *",
-                (owner, now + ttl, now, limit),
+                (owner, now + ttl, now, *dead, limit),
             ).fetchall()
         return sorted((_run(r) for r in rows), key=lambda r: r.created_at)
 
@@ -577,6 +585,15 @@ class SQLiteStore:
         )
         return [_run(r) for r in rows]
 
+    def lease_owners(self, *, now: float) -> list[str]:
+        """Owners of unexpired leases on running runs."""
+        rows = self._all(
+            "SELECT DISTINCT lease_owner FROM runs WHERE status IN ('running', 'cancelling') "
+            "AND lease_expires_at >= ?",
+            (now,),
+        )
+        return [r["lease_owner"] for r in rows if r["lease_owner"] is not None]
+
     def steps(self, run_id: str) -> list[records.StepRecord]:
         """Steps in order."""
         return [
@@ -615,6 +632,20 @@ class SQLiteStore:
             sql += " WHERE " + " AND ".join(where)
         sql += " ORDER BY created_at LIMIT ?"
         return [_effect(r) for r in self._all(sql, [*params, limit])]
+
+    def effects_in_doubt(
+        self, *, tenant: str | None, now: float, limit: int = 1000
+    ) -> list[records.EffectRecord]:
+        """In-doubt effects no unexpired lease covers, oldest first."""
+        mine = "e.tenant = ? AND " if tenant is not None else ""
+        rows = self._all(
+            "SELECT e.* FROM effects e JOIN runs r ON r.run_id = e.run_id "
+            f"WHERE {mine}e.status IN ('intent_recorded', 'unknown', 'needs_attention') "
+            "AND NOT (r.status IN ('running', 'cancelling') AND r.lease_expires_at IS NOT NULL "
+            "AND r.lease_expires_at >= ?) ORDER BY e.created_at LIMIT ?",
+            (*([tenant] if tenant is not None else []), now, limit),
+        )
+        return [_effect(r) for r in rows]
 
     def get_effect(
         self, effect_id: str, *, tenant: str | None = None

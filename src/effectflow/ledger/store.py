@@ -236,12 +236,24 @@ class LedgerStore(Protocol):
         ...
 
     def claim_runnable(
-        self, *, owner: str, ttl: float, now: float, limit: int
+        self,
+        *,
+        owner: str,
+        ttl: float,
+        now: float,
+        limit: int,
+        dead_owners: Sequence[str] = (),
     ) -> list[records.RunRecord]:
         """Lease up to ``limit`` runs a worker should execute: ``running`` or ``cancelling`` runs
-        with no lease or an expired one, oldest first. Each claimed run's token is bumped (so a
-        former owner's writes are refused). Concurrent workers never claim the same run
-        (PostgreSQL: ``FOR UPDATE SKIP LOCKED``; SQLite: ``BEGIN IMMEDIATE``)."""
+        with no lease, an expired one, or one held by an owner in ``dead_owners`` (the caller
+        proved them dead: a pid gone on its own host), oldest first. Each claimed run's token is
+        bumped (so a former owner's writes are refused). Concurrent workers never claim the same
+        run (PostgreSQL: ``FOR UPDATE SKIP LOCKED``; SQLite: ``BEGIN IMMEDIATE``)."""
+        ...
+
+    def lease_owners(self, *, now: float) -> list[str]:
+        """The distinct owners of unexpired leases on ``running`` or ``cancelling`` runs (a worker
+        checks which of them are dead processes on its host)."""
         ...
 
     def heartbeat(self, leases: Sequence[tuple[str, int]], *, ttl: float, now: float) -> list[str]:
@@ -323,6 +335,13 @@ class LedgerStore(Protocol):
         limit: int = 1000,
     ) -> list[records.EffectRecord]:
         """Effects, oldest first."""
+        ...
+
+    def effects_in_doubt(
+        self, *, tenant: str | None, now: float, limit: int = 1000
+    ) -> list[records.EffectRecord]:
+        """Effects in doubt (``intent_recorded``, ``unknown``, ``needs_attention``) whose run is
+        not running under an unexpired lease, oldest first: the ones no owner may be settling."""
         ...
 
     def get_effect(

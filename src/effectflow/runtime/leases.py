@@ -4,6 +4,16 @@ Every ledger write renews its run's lease, but a single tool call may outlast th
 provider, a long deploy). A heartbeat thread renews the leases of every run held here every third
 of the TTL, and learns of any lease another worker took over: that run's state is marked lost, so
 the process stops at its next write (which the fencing token would refuse anyway).
+
+Sizing the TTL (``DEFAULT_LEASE_TTL``): a worker that dies on another host is noticed only when its
+lease expires, so the TTL is the longest a crashed run waits before another worker takes it over (a
+dead pid on the same host is noticed at once, without waiting). What a shorter TTL costs is renewal
+writes: the heartbeat writes one statement per beat for all the runs a process holds (PostgreSQL;
+SQLite one short transaction), three times per TTL, and nothing at all while every run commits a
+step more often than that (each fenced write renews its lease). 30 s with a beat every 10 s is one
+small write per process every 10 s, against a takeover within 30 s; a process stalled longer than a
+TTL (a stopped VM, a long GC pause, a partition) loses its runs, and its fencing token then refuses
+its writes.
 """
 
 from __future__ import annotations
@@ -19,6 +29,12 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+#: Seconds a lease lasts without a write or a heartbeat renewing it (see the module docstring).
+DEFAULT_LEASE_TTL = 30.0
+
+#: How many run ids a runtime remembers having stopped executing (``Leases.stopped``).
+_STOPPED_MEMORY = 10_000
+
 
 class Leases:
     """The runs this runtime holds, and the heartbeat that keeps their leases."""
@@ -26,6 +42,9 @@ class Leases:
     def __init__(self, runtime: Runtime) -> None:
         self._runtime = runtime
         self._held: dict[str, state_mod.RunState] = {}
+        # Runs this runtime executed and stopped executing, oldest first (a bounded memory: a run
+        # forgotten here is still recovered once its lease expires).
+        self._stopped: dict[str, None] = {}
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
@@ -35,6 +54,7 @@ class Leases:
         """Start renewing ``state``'s lease."""
         with self._lock:
             self._held[state.run.run_id] = state
+            self._stopped.pop(state.run.run_id, None)
             if self._thread is None and not self._closed:
                 self._thread = threading.Thread(
                     target=self._beat, name="effectflow-heartbeat", daemon=True
@@ -46,11 +66,21 @@ class Leases:
         with self._lock:
             if self._held.get(state.run.run_id) is state:
                 del self._held[state.run.run_id]
+                self._stopped[state.run.run_id] = None
+                if len(self._stopped) > _STOPPED_MEMORY:
+                    del self._stopped[next(iter(self._stopped))]
 
     def holds(self, run_id: str) -> bool:
         """Whether this process is executing the run now."""
         with self._lock:
             return run_id in self._held
+
+    def stopped(self, run_id: str) -> bool:
+        """Whether this runtime executed the run and no longer does (it ended, paused, was
+        released, or the runtime gave it up after an error). A run still leased to this runtime's
+        owner that it stopped executing has nobody executing it: it is recoverable at once."""
+        with self._lock:
+            return run_id in self._stopped and run_id not in self._held
 
     def held(self) -> list[state_mod.RunState]:
         """The states of the runs held now."""

@@ -84,7 +84,7 @@ class Runtime:
         tenant: str = "default",
         faults: FaultPlan | None = None,
         clock: Callable[[], float] = time.time,
-        lease_ttl: float = 300.0,
+        lease_ttl: float = leases_mod.DEFAULT_LEASE_TTL,
         registry: registry_module.Registry | None = None,
         group_commit: bool | None = None,
     ) -> None:
@@ -98,7 +98,10 @@ class Runtime:
         self.faults = faults or NO_FAULTS
         #: The clock (epoch seconds); injectable for tests of retention and deadlines.
         self.clock = clock
-        #: How long a lease lasts without a write renewing it.
+        #: How long a lease lasts without a write or a heartbeat renewing it: how long a run whose
+        #: process died on another host waits before a worker takes it over. The heartbeat renews
+        #: held leases every third of it, so a shorter TTL costs that many more renewal writes
+        #: (``leases.DEFAULT_LEASE_TTL`` explains the default of 30 s).
         self.lease_ttl = lease_ttl
         #: Where tools and workflows are found by name.
         self.registry = registry or registry_module.DEFAULT
@@ -204,12 +207,19 @@ class Runtime:
             run = self._reopen(run, by=by)
         return self._drive(run, workflow)
 
-    def recover(self, *, limit: int = 100) -> list[records.RunRecord]:
-        """Drive every run that was interrupted (its process died, or its lease expired)."""
+    def recover(
+        self,
+        *,
+        limit: int = 100,
+        on_run: Callable[[records.RunRecord], None] | None = None,
+    ) -> list[records.RunRecord]:
+        """Drive every run nobody executes: interrupted ones (their lease expired, their owner is
+        a dead pid on this host, or this runtime stopped executing them, e.g. after a ledger
+        error) and ones never claimed. ``on_run`` hears of each run as it is left (progress)."""
         now = self.clock()
         candidates = {r.run_id: r for r in self.store.runs_to_recover(now=now, limit=limit)}
         for run in self.store.leased_running_runs(limit=limit):
-            if run.lease_owner and not _owner_alive(run.lease_owner):
+            if self._owner_gone(run) is not None:
                 candidates.setdefault(run.run_id, run)
         finished = []
         for run in candidates.values():
@@ -217,13 +227,42 @@ class Runtime:
                 continue
             try:
                 workflow = self.registry.workflow(run.workflow)
-                finished.append(self._drive(run, workflow))
+                left = self._drive(run, workflow)
             except errors.LeaseLost:
                 continue
         return finished
 
     def reconcile(self, *, limit: int = 100) -> list[records.RunRecord]:
+            finished.append(left)
+            if on_run is not None:
+                on_run(left)
         """Settle unknown outcomes through lookup tools, and continue the runs they settle.
+
+    def _owner_gone(self, run: records.RunRecord) -> str | None:
+        """How we know the owner of ``run``'s lease executes it no more, or None if it may.
+
+        Another process's owner is gone when its pid is dead on this host; this runtime's own owner
+        when it stopped executing the run (it gave up after an error) without giving the lease up.
+        Only the lease's expiry can tell for an owner on another host.
+        """
+        owner = run.lease_owner
+        if owner is None or run.status not in views.EXECUTING:
+            return None
+        if owner == self.owner:
+            return "this process stopped executing it" if self.leases.stopped(run.run_id) else None
+        if not _owner_alive(owner):
+            pid = owner.split(":")[1]
+            return f"process {pid} on this host is not running"
+        return None
+
+    def interruption(self, run: records.RunRecord) -> str | None:
+        """Why ``run`` is interrupted (running, but nobody executes it), or None."""
+        return views.interruption(run, now=self.clock(), owner_gone=self._owner_gone(run))
+
+    def run_view(self, run: records.RunRecord) -> views.RunView:
+        """``run`` as people see it: with whether it is interrupted (``effectflow runs``, ``show``,
+        the API and the console show this)."""
+        return views.RunView(run, self.interruption(run))
 
         Each paused run with an in-doubt step is resumed in a new generation: the step machine looks
         the effect up by key, then by external id; confirmed -> recorded and the run continues; not
@@ -474,13 +513,24 @@ class Runtime:
         )
 
     def attention(self, *, limit: int = 500) -> list[views.AttentionItem]:
-        """What waits for a person in this tenant: effects in doubt, approvals, failed
-        compensations; oldest first."""
-        effects = self.store.effects(
-            tenant=self.tenant,
-            statuses=[StepStatus.NEEDS_ATTENTION.value, StepStatus.UNKNOWN.value],
-            limit=limit,
-        )
+        """What waits for a person in this tenant, oldest first: every effect in doubt that no live
+        owner is settling, whatever its run's state (ended, paused, cancelled, interrupted),
+        approvals, failed compensations.
+
+        An effect in doubt (``intent_recorded``, ``unknown``, ``needs_attention``) is left out only
+        while its run is running under a live lease: its owner is settling it now (DESIGN §9).
+        """
+        now = self.clock()
+        doubtful = self.store.effects_in_doubt(tenant=self.tenant, now=now, limit=limit)
+        # Unexpired leases whose owner is known gone cover nothing: their effects are listed too.
+        for run in self.store.leased_running_runs(limit=max(limit, 1000)):
+            covered = run.tenant == self.tenant and (run.lease_expires_at or 0) >= now
+            if covered and self._owner_gone(run) is not None:
+                doubtful += self.store.effects(
+                    tenant=self.tenant,
+                    run_id=run.run_id,
+                    statuses=[s.value for s in records.IN_DOUBT_STATUSES],
+                )
         waiting = self.store.list_runs(
             tenant=self.tenant, statuses=[s.value for s in views.WAITING_RUNS], limit=limit
         )
@@ -491,7 +541,9 @@ class Runtime:
             if e.compensation_status == "compensation_failed"
         ]
         steps_of = {run.run_id: self.store.steps(run.run_id) for run in waiting}
-        return views.attention(waiting, steps_of, effects + failed)[:limit]
+        return views.attention(waiting, steps_of, doubtful + failed, runs_of_effects=runs_of)[
+            :limit
+        ]
 
     def verify_audit(self, run_id: str | None = None) -> list[AuditProblem]:
         """Recompute the audit hash chains; an empty list means intact."""
@@ -564,6 +616,12 @@ class Runtime:
         normalized = digests.to_jsonable(input, path="input")
         input_digest = digests.digest(normalized)
         run_id = run_id or requests.new_id("run")
+        runs_of: dict[str, views.RunView] = {}
+        for effect in doubtful:
+            if effect.run_id not in runs_of:
+                owning = self.store.get_run(effect.run_id, tenant=self.tenant)
+                if owning is not None:
+                    runs_of[owning.run_id] = self.run_view(owning)
         existing = self.store.get_run(run_id)
         if existing is not None:
             if existing.tenant != self.tenant or existing.workflow != workflow.name:
@@ -896,3 +954,9 @@ class Runtime:
         batch.event("run_failed", now, error=error)
         self.commit(state, batch)
         return self._require_run(state.run.run_id)
+            # The effects it may have caused: each stays listed in ``attention()`` for a person.
+            "in_doubt_effects": [
+                s.effect_id
+                for s in state.steps.values()
+                if s.effect_id is not None and s.status in records.IN_DOUBT_STATUSES
+            ],

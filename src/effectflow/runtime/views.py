@@ -7,10 +7,72 @@ so the three never disagree about what happened or what waits for a person.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from typing import Any
 
 from effectflow.ledger import records
 from effectflow.ledger.records import RunStatus, StepStatus
+
+#: Run statuses in which a worker executes the run, holding its lease.
+EXECUTING = frozenset({RunStatus.RUNNING, RunStatus.CANCELLING})
+
+#: What settles an interrupted run: drive it from its ledger in a live process.
+RECOVER = "recover"
+
+
+@dataclasses.dataclass(frozen=True)
+class RunView:
+    """A run as people see it: its record, and whether it is interrupted.
+
+    Interrupted is derived, never stored: the row stays ``running`` (or ``cancelling``) until a
+    worker or ``effectflow recover`` takes it over, because only a live process may write it.
+    """
+
+    #: The Run record.
+    run: records.RunRecord
+    #: Why nobody executes the run although it is running (its owner died, its lease expired), in
+    #: a line that names the action settling it; None while a live owner executes it, or when it
+    #: is not running.
+    interruption: str | None = None
+
+    @property
+    def interrupted(self) -> bool:
+        """Whether the run is interrupted (``interruption`` says why)."""
+        return self.interruption is not None
+
+    @property
+    def next_action(self) -> str:
+        """``recover`` for an interrupted run, else the run's own next action."""
+        return RECOVER if self.interrupted else self.run.next_action.value
+
+    def to_dict(self) -> dict[str, Any]:
+        """The run's JSON (as ``RunRecord.to_dict``) with ``interrupted`` and ``interruption``."""
+        return {
+            **self.run.to_dict(),
+            "interrupted": self.interrupted,
+            "interruption": self.interruption,
+        }
+
+
+def interruption(run: records.RunRecord, *, now: float, owner_gone: str | None) -> str | None:
+    """Why ``run`` is interrupted, or None.
+
+    A run is interrupted when it is running under a lease that nobody renews: the lease expired, or
+    its owner is known to be gone (``owner_gone`` says how the caller knows: a dead pid on this
+    host, or this very process stopped executing it). A running run without a lease is not
+    interrupted: it waits for a worker (submitted, or released at shutdown).
+    """
+    if run.status not in EXECUTING or run.lease_owner is None or run.lease_expires_at is None:
+        return None
+    settle = "`effectflow recover` (or a worker) continues it from its ledger"
+    if owner_gone is not None:
+        return f"interrupted: its owner {run.lease_owner} is gone ({owner_gone}); {settle}"
+    if run.lease_expires_at < now:
+        return (
+            f"interrupted: its lease expired {now - run.lease_expires_at:.0f} s ago (owner "
+            f"{run.lease_owner} stopped renewing it); {settle}"
+        )
+    return None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,7 +122,8 @@ class Timeline:
 class AttentionItem:
     """Something a person must decide: an effect in doubt, an approval, a failed compensation."""
 
-    #: ``unknown_effect``, ``approval`` or ``compensation_failed``.
+    #: ``unknown_effect`` (an effect in doubt), ``interrupted_run`` (an effect in doubt whose run
+    #: is interrupted: recovering settles it), ``approval`` or ``compensation_failed``.
     kind: str
     #: The run.
     run_id: str
@@ -70,7 +133,7 @@ class AttentionItem:
     effect_id: str | None
     #: Why a person is needed.
     reason: str
-    #: What the person can do (``resolve``, ``approve``, ``cancel``, ``compensate``).
+    #: What the person can do (``resolve``, ``recover``, ``approve``, ``cancel``, ``compensate``).
     actions: tuple[str, ...]
     #: The effect's version, for decisions that must not act on stale state.
     version: int | None
@@ -113,24 +176,21 @@ def attention(
     runs: list[records.RunRecord],
     steps_of: dict[str, list[records.StepRecord]],
     effects: list[records.EffectRecord],
+    *,
+    runs_of_effects: Mapping[str, RunView] | None = None,
 ) -> list[AttentionItem]:
-    """The attention queue: what waits for a person, oldest first."""
+    """The attention queue: what waits for a person, oldest first.
+
+    ``effects`` are the effects in doubt that no live owner is settling, and the effects whose
+    compensation failed; ``runs_of_effects`` their runs by id (so each item can say why nobody
+    settles it: its run ended, paused or was interrupted). ``runs`` are the runs that may wait for
+    an approval, with their steps in ``steps_of``.
+    """
     items: list[AttentionItem] = []
+    owners = runs_of_effects or {}
     for effect in effects:
-        if effect.status in (StepStatus.NEEDS_ATTENTION, StepStatus.UNKNOWN):
-            items.append(
-                AttentionItem(
-                    kind="unknown_effect",
-                    run_id=effect.run_id,
-                    step_id=effect.step_id,
-                    effect_id=effect.effect_id,
-                    reason="the effect may or may not have happened: confirm it with evidence "
-                    "or declare it not committed",
-                    actions=("resolve", "cancel"),
-                    version=effect.version,
-                    since=effect.updated_at,
-                )
-            )
+        if effect.status in records.IN_DOUBT_STATUSES:
+            items.append(_doubt(effect, owners.get(effect.run_id)))
         elif effect.compensation_status == "compensation_failed":
             items.append(
                 AttentionItem(
@@ -163,6 +223,43 @@ def attention(
                 )
     items.sort(key=lambda i: i.since)
     return items
+
+
+def _doubt(effect: records.EffectRecord, view: RunView | None) -> AttentionItem:
+    """The item of an effect in doubt: why nobody settles it, and what a person can do."""
+    if effect.status is StepStatus.INTENT_RECORDED:
+        what = "the call was in flight (its intent is recorded, its outcome is not)"
+    else:
+        what = "the effect may or may not have happened"
+    decide = "confirm it with evidence or declare it not committed"
+    kind = "unknown_effect"
+    actions: tuple[str, ...] = ("resolve", "cancel")
+    if view is not None and view.interrupted:
+        kind, actions = "interrupted_run", (RECOVER, "resolve")
+        reason = (
+            f"{what}, and its run is {view.interruption}: recovering settles it through the "
+            f"step's lookup or key; or {decide}"
+        )
+    elif view is not None and view.run.status.terminal:
+        actions = ("resolve",)
+        reason = f"{what}, and its run ended {view.run.status.value}: {decide}"
+    elif view is not None and view.run.status in EXECUTING:
+        reason = (
+            f"{what}, and its run {view.run.run_id} waits for a worker: recover it, or {decide}"
+        )
+        actions = (RECOVER, "resolve", "cancel")
+    else:
+        reason = f"{what}: {decide}"
+    return AttentionItem(
+        kind=kind,
+        run_id=effect.run_id,
+        step_id=effect.step_id,
+        effect_id=effect.effect_id,
+        reason=reason,
+        actions=actions,
+        version=effect.version,
+        since=effect.updated_at,
+    )
 
 
 #: Run statuses whose runs may have something waiting for a person.

@@ -4,7 +4,10 @@ Many workers on many machines may share one ledger. Each claims runs with a leas
 ``FOR UPDATE SKIP LOCKED``), renews the leases by heartbeat while calls take time, and — because
 every ledger write of a run carries the lease's fencing token — a worker that lost a lease (it was
 paused past its TTL, its network partitioned) can commit nothing for that run. Runs whose lease
-expired (their worker died) are runnable again and are claimed like new ones.
+expired (their worker died) are runnable again and are claimed like new ones; so are runs whose
+owner is a dead process on this worker's own host, at once, without waiting for the lease: the
+claim loop asks the ledger which owners hold live leases (at most every ``DEAD_OWNER_SCAN`` s) and
+passes those it proves dead (their pid is gone) to ``claim_runnable``.
 
 An idle worker does not busy-poll: it blocks in ``store.wait_for_work``, which PostgreSQL ends with
 ``LISTEN``/``NOTIFY`` when a run becomes runnable. On SIGTERM a worker stops claiming, lets each run
@@ -17,6 +20,7 @@ import concurrent.futures
 import dataclasses
 import logging
 import threading
+import time
 from typing import TYPE_CHECKING
 
 from effectflow import errors
@@ -29,6 +33,9 @@ log = logging.getLogger(__name__)
 
 #: Seconds a worker waits after the ledger refused to answer before it tries again.
 RETRY_PAUSE = 1.0
+
+#: Seconds between two checks of which lease owners are dead processes on this host.
+DEAD_OWNER_SCAN = 1.0
 
 
 @dataclasses.dataclass
@@ -62,6 +69,9 @@ class Worker:
         self.stats = WorkerStats()
         self._stop = threading.Event()
         self._lock = threading.Lock()
+        # Lease owners proven dead on this host, and when the ledger was last asked (monotonic).
+        self._dead: list[str] = []
+        self._scanned_at: float | None = None
 
     def stop(self) -> None:
         """Stop claiming; runs in progress stop at their next step boundary and are released."""
@@ -91,7 +101,11 @@ class Worker:
                 if free > 0:
                     try:
                         claimed = rt.store.claim_runnable(
-                            owner=rt.owner, ttl=rt.lease_ttl, now=rt.clock(), limit=free
+                            owner=rt.owner,
+                            ttl=rt.lease_ttl,
+                            now=rt.clock(),
+                            limit=free,
+                            dead_owners=self._dead_owners(),
                         )
                     except Exception:  # the database is restarting, a network blip: try again
                         log.exception("claiming runs failed; retrying in %.1f s", RETRY_PAUSE)
@@ -120,6 +134,19 @@ class Worker:
             for future in concurrent.futures.as_completed(active):
                 future.result()
         return self.stats
+
+    def _dead_owners(self) -> list[str]:
+        """Owners of live leases that are dead processes on this host (their runs are claimable
+        now); the ledger is asked at most every ``DEAD_OWNER_SCAN`` seconds. A dead owner stays
+        dead (a reused pid comes with another owner string), so the list may be kept between."""
+        clock = time.monotonic()
+        if self._scanned_at is not None and clock - self._scanned_at < DEAD_OWNER_SCAN:
+            return self._dead
+        rt = self.runtime
+        owners = rt.store.lease_owners(now=rt.clock())
+        self._dead = [o for o in owners if o != rt.owner and not rt.owner_alive(o)]
+        self._scanned_at = clock
+        return self._dead
 
     def _execute(self, run: records.RunRecord) -> None:
         rt = self.runtime
