@@ -27,7 +27,7 @@ def find_line(*, idempotency_key: str) -> ef.Lookup:
     return ef.Lookup.not_committed()
 
 
-@ef.tool("crash_append_line", effect="external_write", confirm=find_line)
+@ef.tool("crash_append_line", effect="external_write", confirm=find_line, settles_within=0)
 def append_line(payload: str, *, idempotency_key: str) -> dict[str, Any]:
     assert PROVIDER is not None
     PROVIDER.append(idempotency_key, payload)

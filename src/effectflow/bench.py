@@ -145,6 +145,8 @@ class Workloads:
             "effectflow_bench_append_line",
             effect="external_write",
             confirm=find_tool,
+            # A local file append lands inside the call or never.
+            settles_within=0,
             register=False,
         )(append_line)
 

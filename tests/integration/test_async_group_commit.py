@@ -121,9 +121,13 @@ def _app(world: World) -> tuple[registry_mod.Registry, ef.Workflow[..., Any]]:
             fh.write(f"{idempotency_key}\t{run}\t{n}\n")
         return {"id": idempotency_key}
 
-    send_tool = ef.tool("agc_send", effect="external_write", confirm=find_tool, register=False)(
-        send
-    )
+    send_tool = ef.tool(
+        "agc_send",
+        effect="external_write",
+        confirm=find_tool,
+        settles_within=0,  # a local file append lands inside the call or never
+        register=False,
+    )(send)
 
     @ef.workflow("agc_flow", register=False)
     async def flow(ctx: ef.AsyncContext, run: str) -> int:

@@ -190,6 +190,7 @@ def job_state(
     effect_id="job_id",
     completion=ef.Completion(states=["queued", "done"], required="done", deadline=3600),
     cancel=stop_job,
+    settles_within=0,
 )
 def start_job(name: str) -> dict[str, Any]:
     job_id = f"job_{name}"

@@ -174,6 +174,8 @@ def find_post(*, idempotency_key: str) -> ef.Lookup:
     confirm=find_post,
     effect_id="notification_id",
     retry=FAST,
+    # The in-process provider commits inside the call or not at all.
+    settles_within=0,
 )
 def post_tagged(channel: str, text: str, *, idempotency_key: str) -> dict[str, Any]:
     return speak(lambda: world().notify.post(channel, text, client_tag=idempotency_key))

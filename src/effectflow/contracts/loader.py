@@ -235,6 +235,7 @@ def _tool_contract(entry: _yaml_lines.Entry) -> tool_mod.ToolContract:
         completion=completion,
         compensation=compensation,
         timeout=body.get("timeout"),
+        settles_within=body.get("settles_within"),
         retry=retry,
         external_system=body.get("external_system"),
         target=body.get("target"),

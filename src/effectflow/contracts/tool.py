@@ -20,6 +20,9 @@ from effectflow.contracts import durations
 P = ParamSpec("P")
 R = TypeVar("R")
 
+#: ``settles_within`` for a provider that gives no bound on how late it may commit a call.
+UNBOUNDED = "unbounded"
+
 
 class EffectClass(enum.StrEnum):
     """What a call does to the outside world."""
@@ -184,6 +187,8 @@ class ToolContract:
     #: How to answer the effect later, if at all.
     compensation: Compensation | None = None
     #: Seconds before a call counts as timed out (its outcome is then unknown); None = no limit.
+    #: The runtime stops *waiting* then; the provider may still commit later (see
+    #: ``settles_within``).
     timeout: float | None = None
     #: Retry budget.
     retry: RetryPolicy = RetryPolicy()
@@ -203,6 +208,19 @@ class ToolContract:
     #: ride with the next write. For results that are costly or not reproducible (a model's
     #: answer): a crash after it is returned never asks again.
     durable: bool = False
+    #: How long after a call starts the provider may still commit it (ISO 8601 or seconds): the
+    #: provider's documented bound, e.g. an API that drops requests older than 30 s. Past it, a
+    #: lookup that finds nothing proves "not committed" (DESIGN §3.1). ``"unbounded"`` declares
+    #: that no bound is known: a lookup can then confirm an effect but never disprove one, and a
+    #: person decides. None = not declared.
+    settles_within: str | float | None = None
+
+    @property
+    def settles_within_seconds(self) -> float | None:
+        """``settles_within`` in seconds; None when undeclared or ``"unbounded"``."""
+        if self.settles_within is None or self.settles_within == UNBOUNDED:
+            return None
+        return durations.parse_duration(self.settles_within, field="settles_within")
 
     @property
     def needs_approval(self) -> bool:
@@ -233,6 +251,14 @@ class ToolContract:
             durations.parse_duration(self.compensation.deadline, field="compensation.deadline")
         if self.timeout is not None and self.timeout <= 0:
             raise errors.ContractError(f"tool {self.ref}: timeout must be positive seconds")
+        if self.settles_within is not None and self.settles_within != UNBOUNDED:
+            try:
+                self.settles_within_seconds  # noqa: B018 - parses, raising ContractError if bad
+            except errors.ContractError:
+                raise errors.ContractError(
+                    f"tool {self.ref}: settles_within {self.settles_within!r} is neither a "
+                    f"duration (seconds, or ISO 8601 such as 'PT30S') nor {UNBOUNDED!r}"
+                ) from None
         if self.completion is not None:
             durations.parse_duration(self.completion.deadline, field="completion.deadline")
             if self.confirm is None and self.completion.required != self.completion.states[0]:
@@ -277,10 +303,39 @@ class Tool(Generic[P, R]):
         #: Whether the function takes ``deadline`` (epoch seconds after which the provider must
         #: refuse the call): the runtime passes one bounded by its lease and the tool's timeout.
         self.takes_deadline = "deadline" in params
+        self._check_not_found_can_be_proof()
         self.__doc__ = fn.__doc__
         self.__name__ = getattr(fn, "__name__", contract.name)
         self.__qualname__ = getattr(fn, "__qualname__", contract.name)
         self.__module__ = getattr(fn, "__module__", __name__)
+
+    def _check_not_found_can_be_proof(self) -> None:
+        """A write that may not be repeated, confirmed by a lookup, must say when "not found" is
+        proof (DESIGN §3.1); otherwise every lost response would either be re-sent while the first
+        call may still land (a duplicate) or go to a person. Refused here, at declaration, rather
+        than discovered after a duplicate: the error names both fixes, and ``"unbounded"`` is the
+        explicit opt-in for providers that give no bound.
+        """
+        c = self.contract
+        repeatable = c.idempotency.supported or c.effect is EffectClass.IDEMPOTENT_WRITE
+        if (
+            not c.effect.writes
+            or repeatable
+            or c.confirm is None
+            or c.commit is CommitSemantics.LOCAL_TRANSACTION
+            or self.takes_deadline
+            or c.settles_within is not None
+        ):
+            return
+        raise errors.ContractError(
+            f"tool {c.ref} ({c.effect.value}, no idempotency) is confirmed by the lookup "
+            f"{c.confirm}, so it must say when a lookup that finds nothing proves the call did "
+            "not commit. Either give the function a `deadline` parameter (the runtime passes one; "
+            "the provider must refuse the call after it), or declare settles_within=<seconds or "
+            "ISO 8601> (how long after a call starts the provider may still commit it). If the "
+            f"provider gives no bound, declare settles_within={UNBOUNDED!r}: the lookup then "
+            "confirms effects but never disproves one, and a person decides."
+        )
 
     @property
     def name(self) -> str:
@@ -340,6 +395,7 @@ def tool(
     approval: bool | None = None,
     cancel: Tool[..., Any] | str | None = None,
     durable: bool = False,
+    settles_within: str | float | None = None,
     register: bool = True,
 ) -> Callable[[Callable[P, R]], Tool[P, R]]:
     """Declare a tool and its side-effect contract (DESIGN §6).
@@ -377,6 +433,7 @@ def tool(
         approval=approval,
         cancel=_ref_of(cancel),
         durable=durable,
+        settles_within=settles_within,
     )
 
     def decorate(fn: Callable[P, R]) -> Tool[P, R]:

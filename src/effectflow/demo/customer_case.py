@@ -56,7 +56,7 @@ def providers() -> Providers:
 
 def _speak(exc: testing.ProviderError) -> Exception:
     """Translate the provider's errors into what the runtime must know: did anything happen?"""
-    if isinstance(exc, testing.ProviderUnavailable):
+    if isinstance(exc, testing.ProviderUnavailable | testing.DeadlineExceeded):
         return ef.NotCommitted(str(exc), evidence={"code": exc.code, "status": exc.status})
     if isinstance(exc, testing.IdempotencyKeyReused):
         return ef.IdempotencyConflict(str(exc))
@@ -179,14 +179,19 @@ def find_owner_notification(*, idempotency_key: str | None = None) -> ef.Lookup:
     effect_id="notification_id",
     external_system="chat",
 )
-def notify_owner(owner: str, case_id: str, task_id: str, *, idempotency_key: str) -> dict[str, Any]:
-    """Tell the case owner; the chat API does not deduplicate, so the key travels as a tag."""
+def notify_owner(
+    owner: str, case_id: str, task_id: str, *, idempotency_key: str, deadline: float
+) -> dict[str, Any]:
+    """Tell the case owner; the chat API does not deduplicate, so the key travels as a tag, and
+    the call carries a deadline the API enforces, so a search that finds nothing after it is proof.
+    """
     try:
-        return providers().notify.post(
-            f"@{owner}",
-            f"Case {case_id}: customer emailed, follow-up {task_id} is yours.",
-            client_tag=idempotency_key,
-        )
+        with testing.deadline(deadline):
+            return providers().notify.post(
+                f"@{owner}",
+                f"Case {case_id}: customer emailed, follow-up {task_id} is yours.",
+                client_tag=idempotency_key,
+            )
     except testing.ProviderError as exc:
         raise _speak(exc) from exc
 

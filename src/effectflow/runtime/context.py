@@ -34,26 +34,43 @@ class _Base:
         return dict(self._state.run.input)
 
 
-def _call_sync(
-    tool: Tool[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], timeout: float | None
-) -> Any:
-    if tool.is_async:
-        coro = tool.fn(*args, **kwargs)
-        if timeout is not None:
-            coro = asyncio.wait_for(coro, timeout)
-        return asyncio.run(coro)
-    if timeout is None:
-        return tool.fn(*args, **kwargs)
-    # The call keeps running in its thread after the timeout: exactly why its outcome is unknown.
+def _call_sync(request: requests.Invoke) -> requests.Result:
+    """Call the tool, waiting at most its timeout. A call still running then is left running (it
+    may still land at the provider) and handed back as ``Result.pending``, never abandoned."""
+    tool, args, kwargs, timeout = request.tool, request.args, request.kwargs, request.timeout
+    try:
+        if timeout is None:
+            if tool.is_async:
+                return requests.Result(asyncio.run(tool.fn(*args, **kwargs)))
+            return requests.Result(tool.fn(*args, **kwargs))
+    except Exception as exc:
+        return requests.Result(error=exc)
+    # An async tool runs to its end on a loop of its own in the thread: cancelling it at the
+    # timeout would not unsend a request already on the wire, only lose its answer.
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix=tool.name)
     try:
-        future = pool.submit(tool.fn, *args, **kwargs)
-        try:
-            return future.result(timeout=timeout)
-        except concurrent.futures.TimeoutError:
-            raise TimeoutError(f"{tool.ref} did not answer within {timeout} s") from None
+        if tool.is_async:
+            future = pool.submit(asyncio.run, tool.fn(*args, **kwargs))
+        else:
+            future = pool.submit(tool.fn, *args, **kwargs)
+        return _ended(future, timeout) or requests.Result(
+            error=TimeoutError(f"{tool.ref} did not answer within {timeout} s"), pending=future
+        )
     finally:
         pool.shutdown(wait=False)
+
+
+def _ended(future: concurrent.futures.Future[Any], timeout: float) -> requests.Result | None:
+    """The call's result once it ended within ``timeout``; None while it still runs."""
+    done, _ = concurrent.futures.wait([future], timeout=max(0.0, timeout))
+    if not done:
+        return None
+    exc = future.exception()
+    if exc is not None:
+        if not isinstance(exc, Exception):  # pragma: no cover - a BaseException in a tool thread
+            raise exc
+        return requests.Result(error=exc)
+    return requests.Result(future.result())
 
 
 def drive(state: state_mod.RunState, gen: requests.Machine) -> Any:
@@ -68,12 +85,9 @@ def drive(state: state_mod.RunState, gen: requests.Machine) -> Any:
         if isinstance(request, requests.Commit):
             state.runtime.commit(state, request.batch)
         elif isinstance(request, requests.Invoke):
-            try:
-                answer = requests.Result(
-                    _call_sync(request.tool, request.args, request.kwargs, request.timeout)
-                )
-            except Exception as exc:
-                answer = requests.Result(error=exc)
+            answer = _call_sync(request)
+        elif isinstance(request, requests.AwaitCall):
+            answer = _ended(request.handle, request.seconds)
         elif isinstance(request, requests.InTransaction):
             answer = _in_transaction(state, request)
         else:
@@ -169,10 +183,9 @@ class AsyncContext(_Base):
             if isinstance(request, requests.Commit):
                 await self._state.runtime.commit_async(self._state, request.batch)
             elif isinstance(request, requests.Invoke):
-                try:
-                    answer = requests.Result(await _call_async(request))
-                except Exception as exc:
-                    answer = requests.Result(error=exc)
+                answer = await _call_async(request)
+            elif isinstance(request, requests.AwaitCall):
+                answer = await _ended_async(request.handle, request.seconds)
             elif isinstance(request, requests.InTransaction):
                 # The ledger's transaction is synchronous; the tool runs inside it on this thread.
                 answer = _in_transaction(self._state, request)
@@ -180,17 +193,38 @@ class AsyncContext(_Base):
                 await asyncio.sleep(request.seconds)
 
 
-async def _call_async(request: requests.Invoke) -> Any:
+async def _call_async(request: requests.Invoke) -> requests.Result:
+    """``_call_sync`` on the event loop: a call still running at its timeout keeps running as a
+    task (or in its thread) and is handed back as ``Result.pending``."""
     tool = request.tool
-    if tool.is_async:
-        coro = tool.fn(*request.args, **request.kwargs)
-    elif request.timeout is None:
-        return tool.fn(*request.args, **request.kwargs)
-    else:
-        coro = asyncio.to_thread(tool.fn, *request.args, **request.kwargs)
-    if request.timeout is None:
-        return await coro
     try:
-        return await asyncio.wait_for(coro, request.timeout)
-    except TimeoutError:
-        raise TimeoutError(f"{tool.ref} did not answer within {request.timeout} s") from None
+        if tool.is_async:
+            coro = tool.fn(*request.args, **request.kwargs)
+        elif request.timeout is None:
+            return requests.Result(tool.fn(*request.args, **request.kwargs))
+        else:
+            coro = asyncio.to_thread(tool.fn, *request.args, **request.kwargs)
+        if request.timeout is None:
+            return requests.Result(await coro)
+    except Exception as exc:
+        return requests.Result(error=exc)
+    task = asyncio.ensure_future(coro)
+    return await _ended_async(task, request.timeout) or requests.Result(
+        error=TimeoutError(f"{tool.ref} did not answer within {request.timeout} s"), pending=task
+    )
+
+
+async def _ended_async(handle: Any, timeout: float) -> requests.Result | None:
+    """The call's result once it ended within ``timeout``; None while it still runs."""
+    future = (
+        asyncio.wrap_future(handle) if isinstance(handle, concurrent.futures.Future) else handle
+    )
+    done, _ = await asyncio.wait({future}, timeout=max(0.0, timeout))
+    if not done:
+        return None
+    exc = future.exception()
+    if exc is not None:
+        if not isinstance(exc, Exception):  # pragma: no cover - cancelled from outside
+            raise exc
+        return requests.Result(error=exc)
+    return requests.Result(future.result())

@@ -176,10 +176,10 @@ def _call_cancel_operation(
         kwargs["idempotency_key"] = step.idempotency_key
     if "external_effect_id" in params:
         kwargs["external_effect_id"] = step.external_effect_id
-    try:
-        return context._call_sync(canceller, (), kwargs, canceller.contract.timeout), None
-    except Exception as exc:
-        return None, outcomes.error_of(exc)
+    result = context._call_sync(requests.Invoke(canceller, (), kwargs, canceller.contract.timeout))
+    if result.error is not None:
+        return None, outcomes.error_of(result.error)
+    return result.value, None
 
 
 def cancel_calls_in_flight(runtime: Runtime, run: records.RunRecord) -> list[str]:

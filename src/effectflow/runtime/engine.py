@@ -32,14 +32,11 @@ from effectflow.ledger.records import NextAction, Outcome, StepStatus
 from effectflow.ledger.store import OperationBinding
 from effectflow.policies import decision, retry
 from effectflow.policies.decision import Action, Situation
-from effectflow.runtime import outcomes, requests
+from effectflow.runtime import outcomes, requests, settle
 from effectflow.runtime import state as state_mod
 from effectflow.runtime.faults import FaultPoint
 from effectflow.runtime.settle import SettleMixin
 from effectflow.runtime.simple_steps import SimpleStepsMixin
-
-#: The deadline window of a call whose tool takes a deadline but declares no timeout (seconds).
-DEFAULT_CALL_WINDOW = 60.0
 
 #: Largest canonical argument payload recorded for one step.
 MAX_PAYLOAD_BYTES = 1_000_000
@@ -356,6 +353,7 @@ class StepMachine(SettleMixin, SimpleStepsMixin):
             version=1,
             created_at=now,
             updated_at=now,
+            effect_id_field=self.contract.effect_id,
         )
         retention = (
             self.contract.idempotency.retention_seconds
@@ -496,13 +494,28 @@ class StepMachine(SettleMixin, SimpleStepsMixin):
             # The provider must refuse this call after the lease this process can prove (and
             # after the tool's timeout): then a worker taking the run over knows when the call
             # can no longer land, and its lookup's "not found" becomes proof.
-            window = self.contract.timeout or DEFAULT_CALL_WINDOW
+            window = self.contract.timeout or settle.DEFAULT_CALL_WINDOW
             due = min(st.lease_valid_until, st.now() + window)
             kwargs["deadline"] = due
             st.call_deadlines[attempt.attempt_id] = due
         result: requests.Result = yield requests.Invoke(
             self.tool, self.args, kwargs, self.contract.timeout
         )
+        return (yield from self._record_outcome(step, attempt, result))
+
+    def _record_outcome(
+        self,
+        step: records.StepRecord,
+        attempt: records.AttemptRecord,
+        result: requests.Result,
+        *,
+        late: bool = False,
+    ) -> Generator[requests.Request, Any, Situation]:
+        """Steps 3-4: the call's answer (or, ``late``, the answer of a call that outlived its
+        timeout) recorded durably as the attempt's outcome."""
+        st = self.state
+        if result.pending is not None:
+            st.in_flight[attempt.attempt_id] = result.pending
         st.faults.hit(FaultPoint.AFTER_CALL_BEFORE_RECORD, self.step_id)
         now = st.now()
         outcome, situation = outcomes.classify(result)
@@ -517,10 +530,14 @@ class StepMachine(SettleMixin, SimpleStepsMixin):
         effect = self._effect(step)
         output: Any = None
         response_digest: str | None = None
-        if outcome is Outcome.COMMITTED:
-            output = self._recordable(result.value)
-            response_digest = digests.digest(output)
+        problem: dict[str, Any] | None = None
         error = None if result.error is None else outcomes.error_of(result.error)
+        if result.pending is not None:
+            error = {**(error or {}), "code": "timeout_still_running"}
+        if outcome is Outcome.COMMITTED:
+            output, response_digest, problem = self._recordable_result(result.value)
+            if problem is not None:
+                error = problem
         ended = records.evolve(
             attempt,
             ended_at=now,
@@ -542,6 +559,9 @@ class StepMachine(SettleMixin, SimpleStepsMixin):
         )
         if outcome is Outcome.COMMITTED:
             step, effect = self._confirm(step, effect, output, now)
+            if problem is not None:
+                # The effect happened: it is confirmed with what can be recorded of it.
+                effect = records.evolve(effect, evidence=problem)
             if step.status is StepStatus.AWAITING_COMPLETION:
                 situation = Situation.BELOW_REQUIRED_STATE
             else:
@@ -554,6 +574,8 @@ class StepMachine(SettleMixin, SimpleStepsMixin):
         batch.effect(effect)
         self.effect = effect
         detail: dict[str, Any] = {"attempt": ended.number, "outcome": outcome.value}
+        if late:
+            detail["late"] = True
         if error is not None:
             detail["error"] = error
         if response_digest is not None:
@@ -569,6 +591,20 @@ class StepMachine(SettleMixin, SimpleStepsMixin):
         st.steps[self.step_id] = step
         st.note_attempt(ended)
         st.faults.hit(FaultPoint.AFTER_RECORD, self.step_id)
+        if problem is not None:
+            raise errors.ResultNotRecordable(
+                f"step {self.step_id}: {self.tool.ref} committed (effect {effect.effect_id}"
+                + (
+                    f", external id {effect.external_effect_id}"
+                    if effect.external_effect_id
+                    else ""
+                )
+                + f") but its result cannot be recorded: {problem['message']}. The effect is "
+                "recorded as confirmed with a digest of the raw result; make the tool return "
+                "JSON-like data",
+                run_id=self.run_id,
+                step_id=self.step_id,
+            )
         return situation
 
     def _stop_before_call(

@@ -6,7 +6,8 @@ completion polling, approvals, asking a person) live in ``settle``.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import hashlib
+from collections.abc import Generator, Mapping
 from typing import Any
 
 from effectflow import digests, errors
@@ -18,6 +19,9 @@ from effectflow.policies import decision
 from effectflow.policies.decision import Situation
 from effectflow.runtime import outcomes, requests
 from effectflow.runtime import state as state_mod
+
+#: Largest canonical result recorded for one step; a larger one is confirmed by its digest.
+MAX_RESULT_BYTES = 1_000_000
 
 
 class MachineBase:
@@ -34,6 +38,17 @@ class MachineBase:
     request_digest: str
     #: For a compensation: the effect it answers.
     compensates: records.EffectRecord | None
+
+    def _record_outcome(
+        self,
+        step: records.StepRecord,
+        attempt: records.AttemptRecord,
+        result: requests.Result,
+        *,
+        late: bool = False,
+    ) -> Generator[requests.Request, Any, Situation]:
+        """Record a call's answer as its attempt's outcome (``engine.StepMachine`` has it)."""
+        raise NotImplementedError
 
     def _confirm(
         self,
@@ -327,3 +342,60 @@ class MachineBase:
                 run_id=self.run_id,
                 step_id=self.step_id,
             ) from None
+
+    def _recordable_result(self, value: Any) -> tuple[Any, str, dict[str, Any] | None]:
+        """A committed call's result as the ledger records it: (output, response digest, problem).
+
+        The call already happened, so a result that cannot be recorded as it is (no JSON form,
+        nested past the recursion limit, a lone surrogate, a NUL, which PostgreSQL's jsonb refuses,
+        or over ``MAX_RESULT_BYTES``) must not make the effect vanish: the output then holds what
+        can be recorded (the contract's effect-id field when it is readable, a digest of the raw
+        result) and ``problem`` says what went wrong. Both backends record the same.
+        """
+        why: str | None = None
+        try:
+            output = digests.to_jsonable(value, path=f"{self.step_id}.result")
+            text = digests.canonical_json(output)
+            size = len(text.encode("utf-8"))
+            if "\x00" in text or "\\u0000" in text:
+                why = f"{self.step_id}.result contains a NUL character, which the ledger refuses"
+            elif size > MAX_RESULT_BYTES:
+                why = f"the result is {size} bytes of JSON, over the {MAX_RESULT_BYTES}-byte limit"
+            else:
+                return output, "sha256:" + hashlib.sha256(text.encode("utf-8")).hexdigest(), None
+        except errors.ArgumentError as exc:
+            why = exc.message
+        except RecursionError:
+            why = f"{self.step_id}.result is nested deeper than the recursion limit"
+        except UnicodeEncodeError as exc:
+            why = f"{self.step_id}.result has no UTF-8 form ({exc.reason}, e.g. a lone surrogate)"
+        except (ValueError, TypeError, OverflowError) as exc:
+            why = f"{self.step_id}.result has no JSON form ({type(exc).__name__}: {exc})"
+        raw_digest = _raw_digest(value)
+        problem: dict[str, Any] = {
+            "code": "result_not_recordable",
+            "message": why,
+            "raw_type": type(value).__name__,
+            "raw_digest": raw_digest,
+        }
+        placeholder: dict[str, Any] = {"result_not_recordable": why, "raw_digest": raw_digest}
+        field = self.contract.effect_id
+        if field and isinstance(value, Mapping):
+            found = value.get(field)
+            if isinstance(found, str | int) and not isinstance(found, bool):
+                ext = str(found)
+                if "\x00" not in ext and ext.isprintable():
+                    placeholder[field] = ext
+                    problem["external_effect_id"] = ext
+        return placeholder, raw_digest, problem
+
+
+def _raw_digest(value: Any) -> str:
+    """A digest of a result that has no canonical form: of its ``repr`` (surrogates kept)."""
+    try:
+        text = repr(value)
+    except RecursionError:
+        text = f"<{type(value).__name__} nested beyond the recursion limit>"
+    except Exception as exc:  # a result whose __repr__ itself fails
+        text = f"<{type(value).__name__} whose repr raised {type(exc).__name__}>"
+    return "sha256:" + hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()

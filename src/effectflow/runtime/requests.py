@@ -33,6 +33,15 @@ class Invoke:
 
 
 @dataclasses.dataclass
+class AwaitCall:
+    """Wait up to ``seconds`` for a call that timed out but is still running (``Result.pending``);
+    answer with its ``Result`` once it ended, or None while it still runs."""
+
+    handle: Any
+    seconds: float
+
+
+@dataclasses.dataclass
 class Sleep:
     """Wait before the next attempt."""
 
@@ -51,7 +60,7 @@ class InTransaction:
     finish: Callable[[Any], Batch]
 
 
-Request = Commit | Invoke | Sleep | InTransaction
+Request = Commit | Invoke | AwaitCall | Sleep | InTransaction
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,6 +69,10 @@ class Result:
 
     value: Any = None
     error: BaseException | None = None
+    #: A call the driver stopped waiting for (its timeout) that still runs: a
+    #: ``concurrent.futures.Future`` or an ``asyncio.Future``. Its late answer is a fact to record;
+    #: until it ends the call may still land (DESIGN §3.1).
+    pending: Any = None
 
 
 Machine = Generator[Request, Any, Any]

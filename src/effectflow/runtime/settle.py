@@ -5,11 +5,12 @@ approvals, re-observation after a conflict, and handing the step to a person.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Generator
 from typing import Any
 
 from effectflow import digests, errors
-from effectflow.contracts.lookup import LookupStatus
+from effectflow.contracts.lookup import Lookup, LookupStatus
 from effectflow.ledger import records
 from effectflow.ledger.records import NextAction, Outcome, StepStatus
 from effectflow.policies import decision, retry
@@ -21,6 +22,13 @@ from effectflow.runtime.machine import MachineBase
 #: Seconds a provider may take to commit a call it accepted just before the call's deadline.
 DEADLINE_GRACE = 0.5
 
+#: The deadline window of a call whose tool takes a deadline but declares no timeout (seconds).
+DEFAULT_CALL_WINDOW = 60.0
+
+#: How long one settling round waits for the late answer of a call that outlived its timeout and
+#: still runs here, when no bound says when it can no longer land (seconds).
+LATE_ANSWER_WAIT = 30.0
+
 
 class SettleMixin(MachineBase):
     """The paths that end a step without (another) call of its tool."""
@@ -31,15 +39,53 @@ class SettleMixin(MachineBase):
     def _lookup(
         self, step: records.StepRecord, verdict: decision.Decision
     ) -> Generator[requests.Request, Any, Situation]:
-        """Ask the contract's lookup tool whether the effect exists, and record the answer."""
+        """Settle an in-doubt step without calling its tool: the late answer of a call still
+        running here, else the contract's lookup tool (DESIGN §3.1: its "not found" is proof only
+        once the call can no longer land)."""
+        st = self.state
+        until = self._may_land_until(step)
+        late = yield from self._late_answer(step, until)
+        if late is not None:
+            return late
+        situation, premature = yield from self._look(step, verdict, until)
+        if premature and until != math.inf:
+            # Not found, but the call may still land until its bound: look again once it cannot.
+            yield requests.Sleep(until - st.now())
+            late = yield from self._late_answer(step, until)
+            if late is not None:
+                return late
+            situation, _ = yield from self._look(step, verdict, until)
+        return situation
+
+    def _late_answer(
+        self, step: records.StepRecord, until: float
+    ) -> Generator[requests.Request, Any, Situation | None]:
+        """A call of this step that outlived its timeout and still runs here is waited for (up to
+        its bound, or ``LATE_ANSWER_WAIT``): its answer is the best evidence there is, and while it
+        runs no lookup can prove it did nothing. None when there is no such call, or it still runs.
+        """
+        st = self.state
+        running = [a for a in self._calls_in_doubt() if a.attempt_id in st.in_flight]
+        if not running or step.status is StepStatus.AWAITING_COMPLETION:
+            return None
+        attempt = running[-1]
+        wait = LATE_ANSWER_WAIT if until == math.inf else until - st.now()
+        result: requests.Result | None = yield requests.AwaitCall(
+            st.in_flight[attempt.attempt_id], max(0.0, wait)
+        )
+        if result is None:
+            return None
+        del st.in_flight[attempt.attempt_id]
+        return (yield from self._record_outcome(step, attempt, result, late=True))
+
+    def _look(
+        self, step: records.StepRecord, verdict: decision.Decision, until: float
+    ) -> Generator[requests.Request, Any, tuple[Situation, bool]]:
+        """One lookup, recorded: (situation, whether "not found" was demoted to unknown because the
+        call may still land until ``until``)."""
         st = self.state
         assert self.contract.confirm is not None
         lookup_tool = st.runtime.registry.tool(self.contract.confirm)
-        landing = self._call_may_still_land_until(step)
-        if landing is not None:
-            # "Not found" proves nothing while the call being looked for may still arrive (its
-            # worker lost the lease but may be alive): look only once it can no longer land.
-            yield requests.Sleep(landing - st.now())
         now = st.now()
         attempt = self._new_attempt(records.AttemptKind.LOOKUP, now)
         kwargs: dict[str, Any] = {}
@@ -54,6 +100,19 @@ class SettleMixin(MachineBase):
         st.faults.hit(FaultPoint.AFTER_LOOKUP_BEFORE_RECORD, self.step_id)
         now = st.now()
         answer = outcomes.lookup_answer(result)
+        premature = answer.status is LookupStatus.NOT_COMMITTED and until > now
+        if premature and step.status is not StepStatus.AWAITING_COMPLETION:
+            answer = Lookup.unknown(
+                reason=(
+                    "not found, but the call may still land: "
+                    + (
+                        "its tool takes no deadline and declares no settles_within"
+                        if until == math.inf
+                        else f"not before {until:.3f} (its deadline or settles_within)"
+                    )
+                ),
+                evidence=answer.evidence,
+            )
         effect = self._effect(step)
         batch = st.batch()
         if answer.status is LookupStatus.CONFIRMED:
@@ -125,7 +184,7 @@ class SettleMixin(MachineBase):
         yield requests.Commit(batch)
         st.steps[self.step_id] = step
         st.note_attempt(ended)
-        return situation
+        return situation, premature
 
     def _ask_a_person(
         self, step: records.StepRecord, verdict: decision.Decision
@@ -191,29 +250,43 @@ class SettleMixin(MachineBase):
             return errors.StepRejected(message, run_id=self.run_id, step_id=self.step_id)
         return errors.RetryBudgetExhausted(message, run_id=self.run_id, step_id=self.step_id)
 
-    def _call_may_still_land_until(self, step: records.StepRecord) -> float | None:
-        """The moment after which the step's last, unresolved call can no longer reach the
-        provider; None when that moment is past or cannot be known.
+    def _calls_in_doubt(self) -> list[records.AttemptRecord]:
+        """The step's calls that may have committed, with no proof of "not committed" since."""
+        doubtful: list[records.AttemptRecord] = []
+        for attempt in self.state.attempts(self.step_id):
+            if attempt.kind is records.AttemptKind.CALL:
+                if attempt.outcome in (None, Outcome.UNKNOWN):
+                    doubtful.append(attempt)
+            elif attempt.outcome is Outcome.NOT_COMMITTED:
+                doubtful = []  # a lookup or a person proved the calls before it did nothing
+        return doubtful
 
-        A tool that takes a ``deadline`` hands it to its provider, which refuses the call after it:
-        a call made here has the deadline recorded; a call made by an earlier holder of the run had
-        one within that holder's lease, which ended before this process claimed the run. A tool
-        with only a ``timeout`` is assumed to land within it.
+    def _may_land_until(self, step: records.StepRecord) -> float:
+        """The moment after which no unresolved call of the step can reach the provider any more
+        (DESIGN §3.1); ``math.inf`` when that cannot be known, and the past when none is open.
+
+        A call can no longer land once its enforced deadline passed (the tool takes ``deadline``,
+        which the provider refuses calls after), or once the contract's ``settles_within`` passed
+        since it started. The runtime's own ``timeout`` bounds nothing: it is when the runtime
+        stops waiting, not when the provider stops committing.
         """
+        if step.status is StepStatus.AWAITING_COMPLETION:
+            return -math.inf
         st = self.state
-        calls = [a for a in st.attempts(self.step_id) if a.kind is records.AttemptKind.CALL]
-        if step.status is StepStatus.AWAITING_COMPLETION or not calls:
-            return None
-        last = calls[-1]
-        if last.outcome not in (None, Outcome.UNKNOWN):
-            return None
-        if self.tool.takes_deadline:
-            until = st.call_deadlines.get(last.attempt_id, st.claimed_at) + DEADLINE_GRACE
-        elif self.contract.timeout is not None:
-            until = last.started_at + self.contract.timeout
-        else:
-            return None
-        return until if until > st.now() else None
+        settles = self.contract.settles_within_seconds
+        window = self.contract.timeout or DEFAULT_CALL_WINDOW
+        until = -math.inf
+        for call in self._calls_in_doubt():
+            bounds = []
+            if self.tool.takes_deadline:
+                # A call made here has its deadline recorded; one made by an earlier holder of
+                # the run had at most start + window (the engine never gives a longer one).
+                due = st.call_deadlines.get(call.attempt_id, call.started_at + window)
+                bounds.append(due + DEADLINE_GRACE)
+            if settles is not None:
+                bounds.append(call.started_at + settles)
+            until = max(until, min(bounds) if bounds else math.inf)
+        return until
 
     # -- completion -------------------------------------------------------------------------------
 

@@ -48,6 +48,9 @@ class RunState:
         self.claimed_at: float = runtime.clock()
         #: The deadline given to each call made here, by attempt id.
         self.call_deadlines: dict[str, float] = {}
+        #: Calls made here that outlived their timeout and still run, by attempt id (the
+        #: driver's handle): until each ends it may still land, and its late answer is a fact.
+        self.in_flight: dict[str, Any] = {}
 
     @property
     def now(self) -> Callable[[], float]:
