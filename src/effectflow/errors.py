@@ -10,10 +10,13 @@ The tree::
     ├── RunNotFound                 run_not_found
     ├── EffectNotFound              effect_not_found
     ├── StaleState                  stale_state     an action names a version or state that has moved on
+    ├── CommitInDoubt               commit_in_doubt  a local transaction's COMMIT got no answer
     ├── LeaseLost                   lease_lost      this process no longer owns the run: it commits nothing
+    ├── LedgerUnavailable           ledger_unavailable  the ledger stayed away: left for recovery
     └── StepFailed                  step_failed     what ``ctx.call`` raises inside a workflow
         ├── StepRejected            step_rejected   the provider said no; never retried
-        └── RetryBudgetExhausted    retry_budget_exhausted   not committed, and no attempts left
+        ├── RetryBudgetExhausted    retry_budget_exhausted   not committed, and no attempts left
+        └── ResultNotRecordable     result_not_recordable    committed, but the result has no JSON form
 
     ToolSignal                      raised BY tools, classified by the write path
     ├── NotCommitted                nothing happened at the provider: safe to retry with the same key
@@ -142,10 +145,29 @@ class StaleState(EffectflowError):
     code = "stale_state"
 
 
+class CommitInDoubt(EffectflowError):
+    """A ``local_transaction`` step's COMMIT got no answer (the connection broke while committing),
+    so its writes and checkpoint may or may not have landed, and reading its checkpoint row to
+    settle that failed too. Nothing was recorded for the step: it is neither confirmed nor rolled
+    back, and the run keeps its lease until it lapses. Resuming or recovering the run settles the
+    step from its checkpoint row (which commits with the tool's writes) before anything else, so
+    the tool never runs twice."""
+
+    code = "commit_in_doubt"
+
+
 class LeaseLost(EffectflowError):
     """This process no longer holds the run's lease (its fencing token is stale): it commits nothing."""
 
     code = "lease_lost"
+
+
+class LedgerUnavailable(EffectflowError):
+    """The ledger could not be written, even after retries on fresh connections. Nothing was
+    recorded as failed: the run keeps its lease until it lapses, then any worker or
+    ``rt.recover()`` settles its steps by the decision table."""
+
+    code = "ledger_unavailable"
 
 
 class StepFailed(EffectflowError):
@@ -164,6 +186,14 @@ class RetryBudgetExhausted(StepFailed):
     """Every attempt was ``not_committed`` and the contract's retry budget is spent."""
 
     code = "retry_budget_exhausted"
+
+
+class ResultNotRecordable(StepFailed):
+    """The tool committed, but its result cannot be recorded (no JSON form, too large, a NUL the
+    ledger refuses). The effect is confirmed with what can be: its external id, a digest of the
+    raw result and the problem; the workflow gets this error."""
+
+    code = "result_not_recordable"
 
 
 class ToolSignal(Exception):
