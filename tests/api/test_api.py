@@ -175,9 +175,11 @@ def test_runs_a_run_and_its_timeline(client: TestClient, rt: ef.Runtime) -> None
     assert [r["run_id"] for r in paused] == ["r1"]
     both = client.get("/api/v1/runs?status=paused&status=succeeded", headers=ACME).json()
     assert len(both["items"]) == 2
-    assert client.get("/api/v1/runs/d1", headers=ACME).json() == rt.run("d1").to_dict()
+    shown = client.get("/api/v1/runs/d1", headers=ACME).json()
+    assert shown == rt.run_view(rt.run("d1")).to_dict()
+    assert (shown["interrupted"], shown["interruption"]) == (False, None)
     timeline = client.get("/api/v1/runs/d1/timeline", headers=ACME).json()
-    assert timeline == rt.timeline("d1").to_dict()
+    assert timeline == {**rt.timeline("d1").to_dict(), "run": shown}
     assert timeline["run"]["output"] == 4
     assert_problem(client.get("/api/v1/runs?status=bogus", headers=ACME), 400, "invalid_request")
     assert_problem(client.get("/api/v1/runs?limit=0", headers=ACME), 400, "invalid_request")
@@ -414,7 +416,7 @@ def test_cancel_compensate_and_resume(client: TestClient, rt: ef.Runtime) -> Non
     assert compensated.json()["run_id"] == "d1"
     resumed = client.post("/api/v1/runs/d1/resume", headers=key("p2"), json={"by": "ops"})
     assert resumed.status_code == 200, resumed.text
-    assert resumed.json() == rt.run("d1").to_dict()
+    assert resumed.json() == rt.run_view(rt.run("d1")).to_dict()
 
 
 def test_unknown_routes_and_methods_answer_problems(client: TestClient) -> None:

@@ -174,26 +174,33 @@ async def list_runs(request: Request) -> Response:
     statuses = _statuses(request, records.RunStatus)
     limit = _limit(request)
     cursor = request.query_params.get("cursor")
-    page, after = await run_in_threadpool(
-        pagination.runs_page, rt.store, rt.tenant, statuses, limit, cursor
-    )
-    return _json({"items": [r.to_dict() for r in page], "next_cursor": after})
+
+    def read() -> tuple[list[dict[str, Any]], str | None]:
+        page, after = pagination.runs_page(rt.store, rt.tenant, statuses, limit, cursor)
+        return [rt.run_view(r).to_dict() for r in page], after
+
+    items, after = await run_in_threadpool(read)
+    return _json({"items": items, "next_cursor": after})
 
 
 @endpoint
 async def get_run(request: Request) -> Response:
     """One run."""
     rt = _runtime(request)
-    run = await run_in_threadpool(rt.run, request.path_params["run_id"])
-    return _json(run.to_dict())
+    view = await run_in_threadpool(lambda: rt.run_view(rt.run(request.path_params["run_id"])))
+    return _json(view.to_dict())
 
 
 @endpoint
 async def get_timeline(request: Request) -> Response:
     """A run's timeline."""
     rt = _runtime(request)
-    view = await run_in_threadpool(rt.timeline, request.path_params["run_id"])
-    return _json(view.to_dict())
+
+    def read() -> dict[str, Any]:
+        timeline = rt.timeline(request.path_params["run_id"])
+        return {**timeline.to_dict(), "run": rt.run_view(timeline.run).to_dict()}
+
+    return _json(await run_in_threadpool(read))
 
 
 @endpoint
@@ -322,6 +329,8 @@ async def _run_action(
         rt = request.app.state.runtimes.get(tenant)
         params = dict(request.path_params)
         result = await run_in_threadpool(act, rt, params, body, _derived_id(tenant, key))
+        if isinstance(result, records.RunRecord):  # a run answers as every read shows one
+            result = rt.run_view(result)
         return _json(result.to_dict())
     except problems.Problem as problem:
         return _problem_response(request, problem)

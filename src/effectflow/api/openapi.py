@@ -83,6 +83,27 @@ def record_schema(cls: type[Any]) -> dict[str, Any]:
     }
 
 
+def run_schema() -> dict[str, Any]:
+    """A run as the API answers it (``views.RunView.to_dict``): the record's fields, and whether
+    the run is interrupted (derived, never stored)."""
+    schema = record_schema(records.RunRecord)
+    schema["properties"] = {
+        **schema["properties"],
+        "interrupted": {
+            "type": "boolean",
+            "description": "The run is running but nobody executes it: its owner died (a dead "
+            "pid on the server's host) or its lease expired. `effectflow recover` (or a worker, "
+            "or resuming it) continues it.",
+        },
+        "interruption": {
+            "type": ["string", "null"],
+            "description": "Why it is interrupted, for people; null when it is not.",
+        },
+    }
+    schema["required"] = [*schema["required"], "interrupted", "interruption"]
+    return schema
+
+
 def _ref(name: str) -> dict[str, Any]:
     return {"$ref": f"#/components/schemas/{name}"}
 
@@ -287,6 +308,7 @@ def document() -> dict[str, Any]:
     import effectflow
 
     schemas: dict[str, Any] = {name: record_schema(cls) for cls, name in _NAMES.items()}
+    schemas["Run"] = run_schema()
     schemas.update(
         Problem=_PROBLEM_SCHEMA,
         RunPage=_page("Run"),

@@ -168,11 +168,13 @@ def runs(
     tenant: TenantOption = "default",
     as_json: JsonOption = False,
 ) -> None:
-    """List the tenant's runs, newest first."""
+    """List the tenant's runs, newest first; an interrupted run (its owner died, its lease expired)
+    says so, and `effectflow recover` continues it."""
     with _runtime("runs", db, tenant, as_json=as_json) as rt:
-        found = rt.runs(status=[s.value for s in status] if status else None, limit=limit)
+        runs = rt.runs(status=[s.value for s in status] if status else None, limit=limit)
+        found = [rt.run_view(r) for r in runs]
     if as_json:
-        _emit_json([r.to_dict() for r in found])
+        _emit_json([v.to_dict() for v in found])
         return
     from effectflow.cli import render
 
@@ -193,12 +195,13 @@ def show(
     """
     with _runtime("show", db, tenant, as_json=as_json) as rt:
         tl = rt.timeline(run_id)
+        view = rt.run_view(tl.run)
     if as_json:
-        _emit_json(tl.to_dict())
+        _emit_json({**tl.to_dict(), "run": view.to_dict()})
         return
     from effectflow.cli import render
 
-    _print(render.timeline(tl))
+    _print(render.timeline(tl, view))
 
 
 def effects(
@@ -297,6 +300,47 @@ def reconcile(
                 + ": effectflow attention"
             )
     raise typer.Exit(EXIT_ATTENTION if left or waiting else EXIT_OK)
+
+
+def recover(
+    limit: Annotated[
+        int, typer.Option("--limit", min=1, help="At most this many runs in this pass.")
+    ] = 100,
+    app: AppOption = None,
+    db: DbOption = DEFAULT_DB,
+    tenant: TenantOption = "default",
+    as_json: JsonOption = False,
+) -> None:
+    """Continue the tenant's interrupted runs now, in this process; a line per run as it is left.
+
+    Interrupted: running, but its owner died (a dead pid on this host, at once) or its lease
+    expired (another host). Each continues from its ledger: confirmed steps keep their results, a
+    call in doubt is looked up or retried with its original key. Runs never claimed by a worker are
+    driven too. Exit 1 if a run failed, 3 if one waits for a person, else 0.
+    """
+    console = _console()
+    with _runtime("recover", db, tenant, app=app, as_json=as_json) as rt:
+        if not as_json:
+            console.print("recovering the interrupted runs of tenant " + rt.tenant)
+
+        def progress(run: records.RunRecord) -> None:
+            if not as_json:
+                from effectflow.cli import render
+
+                console.print(render.run_line(run))
+
+        left = rt.recover(limit=limit, on_run=progress)
+        views = [rt.run_view(r) for r in left]
+        waiting = rt.attention()
+    codes = {run_exit_code(r) for r in left}
+    code = EXIT_FAILURE if EXIT_FAILURE in codes else max(codes, default=EXIT_OK)
+    if as_json:
+        _emit_json({"runs": [v.to_dict() for v in views], "attention": len(waiting)})
+    else:
+        console.print(f"recovered {len(left)} run(s)" if left else "no run to recover")
+        if waiting:
+            console.print(f"{len(waiting)} item(s) need a person: effectflow attention")
+    raise typer.Exit(code)
 
 
 def resolve(

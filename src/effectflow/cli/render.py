@@ -89,21 +89,38 @@ def error(err: dict[str, Any] | None) -> str:
     return f"{code}: {message}" if message else str(code)
 
 
-def runs_table(runs: Sequence[records.RunRecord]) -> Table:
-    """``effectflow runs``: one row per run, newest first."""
+def run_status(view: views.RunView) -> Text:
+    """A run's status in its colour, marked ``interrupted`` when nobody executes it."""
+    text = status(view.run.status)
+    if view.interrupted:
+        text.append(" (interrupted)", style="bold red")
+    return text
+
+
+def runs_table(runs: Sequence[views.RunView]) -> Table:
+    """``effectflow runs``: one row per run, newest first; an interrupted run says why, and that
+    ``effectflow recover`` continues it."""
     table = Table(title=f"{len(runs)} run(s)", title_justify="left")
     for column in ("run", "workflow", "status", "next", "gen", "updated", "error"):
         table.add_column(column, overflow="fold")
-    for run in runs:
+    for view in runs:
+        run = view.run
         table.add_row(
             run.run_id,
             f"{run.workflow}@{run.workflow_version}",
-            status(run.status),
-            str(run.next_action),
+            run_status(view),
+            view.next_action,
             str(run.generation),
             when(run.updated_at),
-            error(run.error),
+            view.interruption or error(run.error),
         )
+    interrupted = sum(1 for v in runs if v.interrupted)
+    if interrupted:
+        table.caption = (
+            f"{interrupted} interrupted run(s): their owner died or their lease expired; "
+            "effectflow recover --app <module> continues them now"
+        )
+        table.caption_justify = "left"
     return table
 
 
@@ -154,24 +171,27 @@ def _step(view: views.StepView) -> Tree:
     return node
 
 
-def timeline(tl: views.Timeline) -> Group:
-    """``effectflow show RUN``: the run, a tree of its steps, then its audit events in order."""
+def timeline(tl: views.Timeline, view: views.RunView) -> Group:
+    """``effectflow show RUN``: the run (``view``: whether it is interrupted), a tree of its steps,
+    then its audit events in order."""
     run = tl.run
     head = Text(f"run {run.run_id} ", style="bold")
-    head.append_text(status(run.status))
+    head.append_text(run_status(view))
     head.append(
         f"  {run.workflow}@{run.workflow_version}  generation {run.generation}"
-        f"  next {run.next_action}  tenant {run.tenant}",
+        f"  next {view.next_action}  tenant {run.tenant}",
         style="dim",
     )
+    if view.interruption:
+        head.append(f"\n{view.interruption}", style="bold red")
     if run.error:
         head.append(f"\n{error(run.error)}", style="red")
     if run.control:
         control = {**run.control, "at": when(run.control.get("at"))}
         head.append(f"\ncontrol: {details(control)}", style="yellow")
     tree = Tree(head)
-    for view in tl.steps:
-        tree.add(_step(view))
+    for step_view in tl.steps:
+        tree.add(_step(step_view))
     if not tl.steps:
         tree.add(Text("no steps yet", style="dim"))
     events = Table(title="audit events", title_justify="left")
@@ -246,13 +266,15 @@ def inventory(inv: records.Inventory) -> Table:
     return table
 
 
-def run_line(run: records.RunRecord) -> Text:
-    """One run on one line: what an action left it in."""
+def run_line(run: records.RunRecord, view: views.RunView | None = None) -> Text:
+    """One run on one line: what an action left it in (interrupted, when ``view`` says so)."""
     line = Text(f"run {run.run_id}: ")
-    line.append_text(status(run.status))
-    line.append(f"  next {run.next_action}", style="dim")
+    line.append_text(status(run.status) if view is None else run_status(view))
+    line.append(f"  next {run.next_action if view is None else view.next_action}", style="dim")
     if run.error:
         line.append(f"  {error(run.error)}", style="red")
+    if view is not None and view.interruption:
+        line.append(f"  {view.interruption}", style="red")
     return line
 
 

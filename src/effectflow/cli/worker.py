@@ -13,6 +13,7 @@ from typing import Annotated, Any
 import typer
 
 from effectflow import errors
+from effectflow.runtime.leases import DEFAULT_LEASE_TTL
 
 
 def load_app(spec: str) -> Any:
@@ -59,9 +60,12 @@ def worker(
     lease_ttl: Annotated[
         float,
         typer.Option(
-            "--lease-ttl", min=0.5, help="Seconds a lease lasts without a heartbeat renewing it."
+            "--lease-ttl",
+            min=0.5,
+            help="Seconds a lease lasts without a heartbeat renewing it (renewed every third of "
+            "it): how long a run whose worker died on another host waits to be taken over.",
         ),
-    ] = 30.0,
+    ] = DEFAULT_LEASE_TTL,
     until_idle: Annotated[
         bool, typer.Option("--until-idle", help="Exit once no run is left to execute.")
     ] = False,
@@ -78,9 +82,10 @@ def worker(
     """Claim runnable runs from the ledger and execute them; SIGTERM drains and exits.
 
     Runs are leased (PostgreSQL: FOR UPDATE SKIP LOCKED), the leases are renewed by heartbeat,
-    every write is fenced by the lease token, and runs whose worker died are taken over once their
-    lease expires. On SIGTERM or Ctrl-C the worker stops claiming, lets each run reach its next
-    step boundary, releases it for another worker, and exits 0.
+    every write is fenced by the lease token, and runs whose worker died are taken over: at once
+    when it was a process on this host (its pid is gone), else once its lease expires. On SIGTERM
+    or Ctrl-C the worker stops claiming, lets each run reach its next step boundary, releases it
+    for another worker, and exits 0.
     """
     import effectflow as ef
     from effectflow.contracts.registry import Registry

@@ -126,7 +126,7 @@ async def runs_page(request: Request) -> Response:
     wanted = [
         s for s in request.query_params.getlist("status") if s in RunStatus.__members__.values()
     ]
-    runs = rt.runs(status=wanted or None, limit=200)
+    runs = [rt.run_view(r) for r in rt.runs(status=wanted or None, limit=200)]
     return _page(
         request,
         "runs.html",
@@ -148,7 +148,7 @@ async def run_page(request: Request) -> Response:
     except errors.RunNotFound:
         return _page(request, "missing.html", status=404, what=f"run {run_id}")
     items = [i for i in rt.attention() if i.run_id == run_id]
-    return _page(request, "run.html", view=view, items=items)
+    return _page(request, "run.html", view=view, run_view=rt.run_view(view.run), items=items)
 
 
 async def attention_page(request: Request) -> Response:
@@ -198,7 +198,9 @@ async def action(request: Request) -> Response:
                 by=field("by"),
                 expected_version=int(version) if version else None,
             )
-            run = rt.resume(effect.run_id, by=field("by") or "console")
+            run = rt.run(effect.run_id)
+            if run.status is not RunStatus.FAILED:  # a failed run is redriven only when asked
+                run = rt.resume(effect.run_id, by=field("by") or "console")
             said = "confirmed" if committed else "declared not committed"
             return _back(back, msg=f"{effect.effect_id} {said}; run {run.run_id} is {run.status}")
         if verb == "approve":

@@ -14,7 +14,7 @@ from typing import Any, Protocol, TypeVar
 from urllib.parse import urlparse
 
 from effectflow import errors
-from effectflow.ledger import records
+from effectflow.ledger import expect, records
 from effectflow.ledger.local import LocalTransaction
 
 T = TypeVar("T")
@@ -109,6 +109,10 @@ class Batch:
     approvals: list[records.ApprovalRecord] = dataclasses.field(default_factory=list)
     #: Audit events, in order.
     audit: list[AuditDraft] = dataclasses.field(default_factory=list)
+    #: What the batch's decision was made on (``expect_run``, ``expect_step``, ...): the store
+    #: checks each inside the transaction, before writing, and refuses the whole batch with
+    #: ``StaleState`` when one no longer holds (``expect``; DESIGN §9).
+    expectations: list[expect.Expectation] = dataclasses.field(default_factory=list)
     #: A call's outcome: on a ledger opened with ``durability=intents`` it commits without an
     #: fsync of its own, surviving a process crash at once and power loss with the ledger's next
     #: fsynced commit (see ``DURABILITY``). Intents, run starts and ends and people's actions are
@@ -126,6 +130,26 @@ class Batch:
     def attempt(self, attempt: records.AttemptRecord) -> None:
         """Upsert an attempt row."""
         self.attempts[attempt.attempt_id] = attempt
+
+    def expect_run(self, **fields: Any) -> None:
+        """Refuse the batch unless the run's fields still have these values (a tuple lists the
+        values allowed), e.g. ``expect_run(status=(paused, failed), lease_token=3)``."""
+        self.expectations.append(expect.build(expect.Subject.RUN, None, fields))
+
+    def expect_step(self, step_id: str, **fields: Any) -> None:
+        """Refuse the batch unless the step exists with these values (``error_code`` is its
+        ``error["code"]``)."""
+        self.expectations.append(expect.build(expect.Subject.STEP, step_id, fields))
+
+    def expect_effect(self, effect_id: str, **fields: Any) -> None:
+        """Refuse the batch unless the effect exists with these values (``version=``, ...)."""
+        self.expectations.append(expect.build(expect.Subject.EFFECT, effect_id, fields))
+
+    def expect_unapproved(self, step_id: str, request_digest: str) -> None:
+        """Refuse the batch if the step's request has an approval already."""
+        self.expectations.append(
+            expect.build(expect.Subject.UNAPPROVED, step_id, {"request_digest": request_digest})
+        )
 
     def event(
         self,
@@ -152,6 +176,7 @@ class Batch:
         self.decisions.extend(later.decisions)
         self.approvals.extend(later.approvals)
         self.audit.extend(later.audit)
+        self.expectations.extend(later.expectations)
         if later.lease_token is not None:
             self.lease_token = later.lease_token
 
@@ -204,6 +229,9 @@ class LedgerStore(Protocol):
     group_commit_default: bool
     #: Group transactions one process may have in flight at once.
     max_concurrent_writers: int
+    #: The driver's errors that mean the ledger was unreachable or unwritable for a while (a
+    #: restart, a cut connection, a lock held too long, a full disk), not that it refused the data.
+    transient_errors: tuple[type[Exception], ...]
 
     def migrate(self) -> list[int]:
         """Apply the migrations the database has not seen; returns the versions applied."""
@@ -221,7 +249,9 @@ class LedgerStore(Protocol):
 
         Raises:
             errors.LeaseLost: the batch's lease token is not the run's current one; nothing written.
-            errors.IdempotencyConflict: an operation is bound to another digest; nothing written.
+            errors.IdempotencyConflict: an operation is bound to another digest, or a decision or
+                approval id is taken already; nothing written.
+            errors.StaleState: one of the batch's expectations no longer holds; nothing written.
         """
         ...
 
@@ -231,7 +261,8 @@ class LedgerStore(Protocol):
         """Commit several runs' batches in one transaction (group commit), each in a savepoint.
 
         Returns, per batch, what ``apply`` would have: its run's control request, or the error
-        (``LeaseLost``, ``IdempotencyConflict``) that refused it while the others still commit.
+        (``LeaseLost``, ``IdempotencyConflict``, ``StaleState``) that refused it while the others
+        still commit.
         """
         ...
 

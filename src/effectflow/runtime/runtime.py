@@ -31,6 +31,9 @@ from effectflow.runtime.faults import NO_FAULTS, FaultPlan
 
 #: Where the ledger lives when no URL is given.
 DEFAULT_URL = "sqlite:///effectflow.db"
+#: How many times a cancel or compensate is decided again when the run's lease or status moved
+#: under it (a worker claimed or paused it) before its request could be recorded.
+_CONTROL_RACES = 3
 
 
 def _host() -> str:
@@ -312,21 +315,30 @@ class Runtime:
         boundary; the inventory then lists its call in flight and the run is ``cancelling``.
         """
         run = self._require_run(run_id)
-        if run.status.terminal or (
-            run.control is not None
-            and run.control.get("kind") == ending.CANCEL
-            and run.status is not RunStatus.CANCELLED_PENDING_RECONCILIATION
-            and not self._held_elsewhere(run)
-            and run.status is not RunStatus.RUNNING
-        ):
-            return ending.inventory(self, run)
-        control = {"kind": ending.CANCEL, "reason": reason, "by": by, "at": self.clock()}
-        if self._held_elsewhere(run):
-            self._request(run, control, RunStatus.CANCELLING)
-            flying = frozenset(ending.cancel_calls_in_flight(self, run))
-            return ending.inventory(self, self._require_run(run_id), in_flight=flying)
-        finished = self._stop(run, control, RunStatus.CANCELLING)
-        return ending.inventory(self, finished)
+        for _ in range(_CONTROL_RACES):
+            if run.status.terminal or (
+                run.control is not None
+                and run.control.get("kind") == ending.CANCEL
+                and run.status is not RunStatus.CANCELLED_PENDING_RECONCILIATION
+                and not self._held_elsewhere(run)
+                and run.status is not RunStatus.RUNNING
+            ):
+                return ending.inventory(self, run)
+            control = {"kind": ending.CANCEL, "reason": reason, "by": by, "at": self.clock()}
+            held = self._held_elsewhere(run)
+            workflow = None if held else self.registry.workflow(run.workflow)
+            try:
+                taken = self._record_control(run, control, RunStatus.CANCELLING, take=not held)
+            except errors.StaleState as exc:
+                run, answered = self._raced_control(run, exc, control)
+                if answered:  # another cancel was recorded first: it is this one's answer
+                    return ending.inventory(self, run)
+                continue
+            if workflow is None:
+                flying = frozenset(ending.cancel_calls_in_flight(self, run))
+                return ending.inventory(self, self._require_run(run_id), in_flight=flying)
+            return ending.inventory(self, self._apply_control(taken, workflow, control))
+        raise self._kept_moving(run_id, ending.CANCEL)
 
     def compensate(self, run_id: str, *, reason: str, by: str = "operator") -> records.RunRecord:
         """The business goal of a run is abandoned: run the compensation policy on its effects.
@@ -339,13 +351,27 @@ class Runtime:
         if not reason:
             raise errors.ArgumentError("compensate needs a reason: the business condition")
         run = self._require_run(run_id)
-        if run.status is RunStatus.COMPENSATED:
-            return run
-        control = {"kind": ending.COMPENSATE, "reason": reason, "by": by, "at": self.clock()}
-        if self._held_elsewhere(run):
-            self._request(run, control, None)
-            return self._require_run(run_id)
-        return self._stop(run, control, None)
+
+        Raises:
+            errors.StaleState: another control (a cancel) was recorded on the run while this one
+                was decided; nothing was recorded.
+        for _ in range(_CONTROL_RACES):
+            if run.status is RunStatus.COMPENSATED:
+                return run
+            control = {"kind": ending.COMPENSATE, "reason": reason, "by": by, "at": self.clock()}
+            held = self._held_elsewhere(run)
+            workflow = None if held else self.registry.workflow(run.workflow)
+            try:
+                taken = self._record_control(run, control, None, take=not held)
+            except errors.StaleState as exc:
+                run, answered = self._raced_control(run, exc, control)
+                if answered:  # another compensate was recorded first: it answers this one
+                    return run
+                continue
+            if workflow is None:
+                return self._require_run(run_id)
+            return self._apply_control(taken, workflow, control)
+        raise self._kept_moving(run_id, ending.COMPENSATE)
 
     def approve(
         self,
@@ -381,41 +407,89 @@ class Runtime:
             and _owner_alive(run.lease_owner)
         )
 
-    def _request(
-        self, run: records.RunRecord, control: dict[str, Any], status: RunStatus | None
-    ) -> None:
-        """Leave a control request for the worker holding the run (it reads it with its next write)."""
-        batch = Batch(run.run_id, lease_token=None)
-        batch.run_changes.update(control=control)
-        if status is not None:
-            batch.run_changes.update(status=status)
-        batch.event(
-            f"{control['kind']}_requested",
-            self.clock(),
-            actor=control["by"],
-            reason=control.get("reason"),
-        )
-        self.store.apply(batch, lease_ttl=self.lease_ttl, now=self.clock())
-
-    def _stop(
-        self, run: records.RunRecord, control: dict[str, Any], status: RunStatus | None
+    def _record_control(
+        self,
+        run: records.RunRecord,
+        control: dict[str, Any],
+        status: RunStatus | None,
+        *,
+        take: bool,
     ) -> records.RunRecord:
-        """Take the run and apply the control here and now."""
-        workflow = self.registry.workflow(run.workflow)
-        state = self._prepare(run, workflow)
-        batch = state.batch()
-        batch.run_changes.update(control=control, error=None)
-        if status is not None:
-            batch.run_changes.update(status=status)
-        batch.event(
-            f"{control['kind']}_requested",
-            self.clock(),
-            actor=control["by"],
-            reason=control.get("reason"),
+        """Record an operator's control request on ``run`` as it was read (compare-and-swap).
+
+        The batch is refused (``StaleState``) unless the run still has the control, status and
+        lease it was read with, so of two concurrent requests (two cancels, a cancel and a
+        compensate) exactly one is recorded. With ``take`` the same write takes the run's lease for
+        this process, which then applies the control (no worker holds the run); without, it is left
+        for the worker holding the run, which reads it with its next write.
+
+        Returns the run as recorded.
+        """
+        now = self.clock()
+        batch = Batch(run.run_id, lease_token=None)
+        batch.expect_run(
+            control=(run.control,),
+            status=run.status,
+            lease_token=run.lease_token,
+            lease_owner=(run.lease_owner,),
         )
-        self.commit(state, batch)
+        changes: dict[str, Any] = {"control": control}
+        if status is not None:
+            changes["status"] = status
+        if take:
+            changes.update(
+                error=None,
+                lease_owner=self.owner,
+                lease_token=run.lease_token + 1,
+                lease_expires_at=now + self.lease_ttl,
+            )
+        batch.run_changes.update(changes)
+        batch.event(
+            f"{control['kind']}_requested", now, actor=control["by"], reason=control.get("reason")
+        )
+        self.store.apply(batch, lease_ttl=self.lease_ttl, now=now)
+        return dataclasses.replace(run, **changes, updated_at=now)
+
+    def _raced_control(
+        self, seen: records.RunRecord, refused: errors.StaleState, control: dict[str, Any]
+    ) -> tuple[records.RunRecord, bool]:
+        """After the store refused a control request: the run as it is now, and whether a request
+        of the same kind was recorded meanwhile (it answers this one). When only the run's lease or
+        status moved, the caller decides again on the fresh run.
+
+        Raises:
+            errors.StaleState: a request of another kind was recorded first; this one is refused.
+        """
+        fresh = self._require_run(seen.run_id)
+        if fresh.control == seen.control:
+            return fresh, False
+        won = fresh.control or {}
+        if won.get("kind") == control["kind"]:
+            return fresh, True
+        raise errors.StaleState(
+            f"run {seen.run_id}: a {won.get('kind')} request by {won.get('by')} was recorded while "
+            f"this {control['kind']} was being decided; nothing was recorded. Look at the run as "
+            "it is now and decide again",
+            run_id=seen.run_id,
+        ) from refused
+
+    def _kept_moving(self, run_id: str, kind: str) -> errors.StaleState:
+        return errors.StaleState(
+            f"run {run_id} changed each time the {kind} was about to be recorded; nothing was "
+            "recorded: try again",
+            run_id=run_id,
+        )
+
+    def _apply_control(
+        self, run: records.RunRecord, workflow: Workflow[..., Any], control: dict[str, Any]
+    ) -> records.RunRecord:
+        """Apply a control request this process recorded with the run's lease, here and now."""
+        state = self._prepare(run, workflow, claimed=True)
         state.control = control
-        return ending.finish(self, state)
+        try:
+            return ending.finish(self, state)
+        finally:
+            self.leases.drop(state)
 
     # -- a person's decisions -------------------------------------------------------------------
 
