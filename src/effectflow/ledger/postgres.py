@@ -290,6 +290,13 @@ class PostgresStore:
         #: Group transactions a process may have in flight at once (the rest of the pool serves
         #: reads and heartbeats).
         self.max_concurrent_writers = max(1, pool_max // 2)
+        #: A restarted server, a cut connection, a pool with no connection to give: worth retrying
+        #: (a broken connection is dropped by the pool, so the retry gets a fresh one).
+        self.transient_errors: tuple[type[Exception], ...] = (
+            psycopg.OperationalError,
+            psycopg.InterfaceError,
+            psycopg_pool.PoolTimeout,
+        )
         #: PostgreSQL already flushes the WAL of concurrent commits together; grouping batches in
         #: the client on top measured slower here (BENCHMARKS.md), so it is off unless asked for.
         self.group_commit_default = False

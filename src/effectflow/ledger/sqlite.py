@@ -174,6 +174,28 @@ def _effect(row: sqlite3.Row) -> records.EffectRecord:
     )
 
 
+#: How each expectation's row becomes what ``expect.refusal`` compares.
+_EXPECTED_ROW: dict[expect.Subject, Callable[[sqlite3.Row], Any]] = {
+    expect.Subject.RUN: _run,
+    expect.Subject.STEP: _step,
+    expect.Subject.EFFECT: _effect,
+    expect.Subject.UNAPPROVED: lambda row: row["approval_id"],
+}
+
+
+def _seconds(url: str, options: dict[str, str], name: str, default: float) -> float:
+    """A URL option in seconds (``?busy_timeout=5``)."""
+    if name not in options:
+        return default
+    try:
+        value = float(options[name])
+    except ValueError:
+        value = -1.0
+    if not value >= 0:
+        raise errors.ContractError(f"{url!r}: {name}={options[name]!r}; give seconds, e.g. 5")
+    return value
+
+
 class SQLiteStore:
     """A ledger in one SQLite file. Thread-safe: one connection behind a lock."""
 
@@ -203,18 +225,22 @@ class SQLiteStore:
         #: (BENCHMARKS.md, "Workers").
         self.group_commit_default = True
         self.max_concurrent_writers = 1
+        #: A lock held past the busy timeout, a full disk, an I/O error: worth retrying.
+        self.transient_errors: tuple[type[Exception], ...] = (sqlite3.OperationalError,)
         #: How long an idle worker sleeps between looks for work (no LISTEN/NOTIFY in SQLite).
         self.poll_interval = float(options.get("poll_interval", 0.1))
         if path != ":memory:":
             Path(path).parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.RLock()
+        #: How long a statement waits for another writer's lock before failing (seconds).
+        self.busy_timeout = _seconds(url, options, "busy_timeout", 30.0)
         self._conn = sqlite3.connect(
-            path, isolation_level=None, check_same_thread=False, timeout=30.0
+            path, isolation_level=None, check_same_thread=False, timeout=self.busy_timeout
         )
         self._conn.row_factory = sqlite3.Row
         self._conn.execute("PRAGMA journal_mode=WAL")
         self._conn.execute(f"PRAGMA synchronous={self.synchronous}")
-        self._conn.execute("PRAGMA busy_timeout=30000")
+        self._conn.execute(f"PRAGMA busy_timeout={int(self.busy_timeout * 1000)}")
         self.migrate()
 
     # -- schema ---------------------------------------------------------------------------------
