@@ -32,7 +32,7 @@ from psycopg.types.json import Jsonb
 
 from effectflow import digests, errors
 from effectflow.ledger import audit as audit_chain
-from effectflow.ledger import records
+from effectflow.ledger import expect, records
 from effectflow.ledger.local import LocalTransaction
 from effectflow.ledger.store import (
     Applied,
@@ -62,11 +62,6 @@ _UNSETTLED = [
         records.StepStatus.AWAITING_COMPLETION,
     )
 ]
-#: How long settling a lost COMMIT waits for the run's row lock (``checkpoint_committed``).
-_SETTLE_LOCK_TIMEOUT = 5.0
-#: SQLSTATE classes of errors that do not answer a COMMIT: connection exceptions, and operator
-#: intervention (a backend told to terminate may do so right after its commit record is written).
-_NO_ANSWER_CLASSES = ("08", "57")
 #: URL query options the store reads itself; every other one goes to libpq as is.
 _OWN_OPTIONS = ("pool_max", "durability")
 
@@ -127,8 +122,15 @@ def _upsert_sql(table: str, fields: list[str], keys: tuple[str, ...]) -> str:
 _UPSERT_STEP = _upsert_sql("steps", _STEP_FIELDS, ("run_id", "step_id"))
 _UPSERT_ATTEMPT = _upsert_sql("attempts", _ATTEMPT_FIELDS, ("attempt_id",))
 _UPSERT_EFFECT = _upsert_sql("effects", _EFFECT_FIELDS, ("effect_id",))
-_INSERT_DECISION = _insert_sql("decisions", _DECISION_FIELDS)
-_INSERT_APPROVAL = _insert_sql("approvals", _APPROVAL_FIELDS)
+# A decision or approval id taken already (by a concurrent decision too: the insert waits for it)
+# inserts nothing and returns no row: the batch is refused with IdempotencyConflict, never with
+# the driver's unique violation.
+_INSERT_DECISION = (
+    _insert_sql("decisions", _DECISION_FIELDS) + " ON CONFLICT DO NOTHING RETURNING decision_id"
+)
+_INSERT_APPROVAL = (
+    _insert_sql("approvals", _APPROVAL_FIELDS) + " ON CONFLICT DO NOTHING RETURNING approval_id"
+)
 _BIND_OPERATION = (
     _insert_sql("operations", _OPERATION_FIELDS) + " ON CONFLICT DO NOTHING RETURNING tenant"
 )
@@ -212,6 +214,15 @@ def _event(row: Row) -> records.AuditEvent:
     )
 
 
+#: How each expectation's row becomes what ``expect.refusal`` compares.
+_EXPECTED_ROW: dict[expect.Subject, Callable[[Row], Any]] = {
+    expect.Subject.RUN: _run,
+    expect.Subject.STEP: _step,
+    expect.Subject.EFFECT: _effect,
+    expect.Subject.UNAPPROVED: lambda row: row["approval_id"],
+}
+
+
 @contextmanager
 def _pipeline(conn: Connection) -> Iterator[None]:
     """``conn.pipeline()``; after an error it first reads the results the error aborted, so that
@@ -223,13 +234,6 @@ def _pipeline(conn: Connection) -> Iterator[None]:
             with contextlib.suppress(psycopg.Error):
                 pipeline.sync()
             raise
-
-
-def _answered(exc: Exception) -> bool:
-    """Whether an error raised by a COMMIT is the server's answer to it (then nothing committed),
-    rather than the connection going away with the answer unread."""
-    state = exc.sqlstate if isinstance(exc, psycopg.Error) else None
-    return state is not None and not state.startswith(_NO_ANSWER_CLASSES)
 
 
 def _one(conn: Connection, sql: str, params: Sequence[Any] = ()) -> Row | None:
@@ -290,13 +294,6 @@ class PostgresStore:
         #: Group transactions a process may have in flight at once (the rest of the pool serves
         #: reads and heartbeats).
         self.max_concurrent_writers = max(1, pool_max // 2)
-        #: A restarted server, a cut connection, a pool with no connection to give: worth retrying
-        #: (a broken connection is dropped by the pool, so the retry gets a fresh one).
-        self.transient_errors: tuple[type[Exception], ...] = (
-            psycopg.OperationalError,
-            psycopg.InterfaceError,
-            psycopg_pool.PoolTimeout,
-        )
         #: PostgreSQL already flushes the WAL of concurrent commits together; grouping batches in
         #: the client on top measured slower here (BENCHMARKS.md), so it is off unless asked for.
         self.group_commit_default = False
@@ -398,57 +395,14 @@ class PostgresStore:
         lease_ttl: float,
         now: float,
     ) -> tuple[T, dict[str, Any] | None]:
-        """A local transaction: the tool's writes and its checkpoint in one commit.
-
-        A COMMIT that gets no answer from the server (the connection broke while committing) may
-        have landed: it raises ``CommitInDoubt`` instead of the driver's error, never "rolled back".
-        """
-        batch: Batch | None = None
-        written = False
-        try:
-            with self._transaction() as conn:
-                # The tool's statements run one by one, as on any connection (it may read
-                # rowcount).
-                tx = LocalTransaction(
-                    _ToolConnection(conn), backend="postgresql", paramstyle="format"
-                )
-                value = work(tx)
-                batch = finish(value)
-                with _pipeline(conn):
-                    control = self._apply_txn(conn, batch, lease_ttl=lease_ttl, now=now)
-                written = True  # from here on, only the COMMIT can fail
-        except Exception as exc:
-            if batch is None or not written or _answered(exc):
-                raise
-            raise errors.CommitInDoubt(
-                f"run {batch.run_id}: the COMMIT of a local transaction got no answer "
-                f"({' '.join(str(exc).split())}); it may have committed",
-                run_id=batch.run_id,
-            ) from exc
-        return value, control
-
-    def checkpoint_committed(self, run_id: str, attempt_id: str) -> bool:
-        """Read the checkpoint's attempt row on a new connection, after the run's row lock (see
-        ``LedgerStore.checkpoint_committed``)."""
-        with psycopg.connect(self._conninfo, connect_timeout=10, **self._name) as conn:
-            try:
-                # The checkpoint's fence updated the run's row: its lock is held until that
-                # transaction ends, so once it is ours no COMMIT of it can still arrive.
-                conn.execute(f"SET LOCAL lock_timeout = '{int(_SETTLE_LOCK_TIMEOUT * 1000)}ms'")
-                conn.execute("SELECT 1 FROM runs WHERE run_id = %s FOR UPDATE", (run_id,))
-            except psycopg.errors.LockNotAvailable as exc:
-                raise errors.CommitInDoubt(
-                    f"run {run_id}: a transaction holding the run stayed open for "
-                    f"{_SETTLE_LOCK_TIMEOUT:g} s; the local transaction of attempt {attempt_id} "
-                    "may still commit",
-                    run_id=run_id,
-                ) from exc
-            row = conn.execute(
-                "SELECT outcome FROM attempts WHERE run_id = %s AND attempt_id = %s",
-                (run_id, attempt_id),
-            ).fetchone()
-            conn.rollback()
-        return row is not None and row[0] == records.Outcome.COMMITTED.value
+        """A local transaction: the tool's writes and its checkpoint in one commit."""
+        with self._transaction() as conn:
+            # The tool's statements run one by one, as on any connection (it may read rowcount).
+            tx = LocalTransaction(_ToolConnection(conn), backend="postgresql", paramstyle="format")
+            value = work(tx)
+            with _pipeline(conn):
+                control = self._apply_txn(conn, finish(value), lease_ttl=lease_ttl, now=now)
+            return value, control
 
     def apply_many(
         self, batches: Sequence[Batch], *, lease_ttl: float, now: float
@@ -464,7 +418,12 @@ class PostgresStore:
                 conn.execute("SAVEPOINT batch")
                 try:
                     control = self._apply_txn(conn, batches[i], lease_ttl=lease_ttl, now=now)
-                except (errors.LeaseLost, errors.IdempotencyConflict, errors.RunNotFound) as exc:
+                except (
+                    errors.LeaseLost,
+                    errors.IdempotencyConflict,
+                    errors.RunNotFound,
+                    errors.StaleState,
+                ) as exc:
                     # A nested pipeline block syncs when it ends, so psycopg reads the ROLLBACK's
                     # result now: reading it, psycopg forgets the statements it prepared (and
                     # deallocates them). Read later, after the next batch's statements were queued
@@ -595,11 +554,27 @@ class PostgresStore:
             )
             if head is None:
                 raise errors.RunNotFound(f"run {batch.run_id} does not exist", run_id=batch.run_id)
+        # The run's row is locked now (by the fence, the insert or FOR UPDATE): every other writer
+        # of the run waits, and each statement from here reads what the last one committed.
+        for expectation in batch.expectations:
+            self._check_txn(conn, batch.run_id, expectation)
         for op in batch.operations:
             self._bind_operation_txn(conn, op)
+        for decision in batch.decisions:
+            if _one(conn, _INSERT_DECISION, _row_values(decision, _DECISION_FIELDS)) is None:
+                raise errors.IdempotencyConflict(
+                    f"decision {decision.decision_id} is taken already; nothing was recorded",
+                    run_id=batch.run_id,
+                    effect_id=decision.effect_id,
+                )
+        for approval in batch.approvals:
+            if _one(conn, _INSERT_APPROVAL, _row_values(approval, _APPROVAL_FIELDS)) is None:
+                raise errors.IdempotencyConflict(
+                    f"approval {approval.approval_id} is taken already; nothing was recorded",
+                    run_id=batch.run_id,
+                    step_id=approval.step_id,
+                )
         writes: list[tuple[str, list[str], Iterable[Any]]] = [
-            (_INSERT_DECISION, _DECISION_FIELDS, batch.decisions),
-            (_INSERT_APPROVAL, _APPROVAL_FIELDS, batch.approvals),
             (_UPSERT_STEP, _STEP_FIELDS, batch.steps.values()),
             (_UPSERT_EFFECT, _EFFECT_FIELDS, batch.effects.values()),
             (_UPSERT_ATTEMPT, _ATTEMPT_FIELDS, batch.attempts.values()),
@@ -633,6 +608,21 @@ class PostgresStore:
             control: dict[str, Any] | None = changes["control"]
             return control
         return head["control_json"]  # type: ignore[no-any-return]
+
+    def _check_txn(self, conn: Connection, run_id: str, expectation: expect.Expectation) -> None:
+        """Refuse the batch (``StaleState``) unless ``expectation`` holds, read under the run's
+        row lock (so no other writer of the run can change it before the batch commits)."""
+        row = _one(
+            conn,
+            expect.QUERIES[expectation.subject].replace("?", "%s"),
+            expectation.params(run_id),
+        )
+        found: Any = None
+        if row is not None:
+            found = _EXPECTED_ROW[expectation.subject](row)
+        refused = expect.refusal(expectation, run_id, found)
+        if refused is not None:
+            raise refused
 
     def _bind_operation_txn(self, conn: Connection, op: OperationBinding) -> None:
         # ON CONFLICT without a target also covers the key's own uniqueness: a key bound to another

@@ -342,6 +342,10 @@ class EffectRecord:
     created_at: float
     #: Last changed (epoch seconds).
     updated_at: float
+    #: The field of the tool's result that carries the provider's id (the contract's
+    #: ``effect_id``), recorded with the intent: a person's resolution builds the step's result
+    #: from it without the application's registry. None when the contract names none.
+    effect_id_field: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready view."""

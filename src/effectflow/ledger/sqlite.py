@@ -25,7 +25,7 @@ from urllib.parse import parse_qs, urlparse
 
 from effectflow import digests, errors
 from effectflow.ledger import audit as audit_chain
-from effectflow.ledger import records
+from effectflow.ledger import expect, records
 from effectflow.ledger.local import LocalTransaction
 from effectflow.ledger.store import (
     Applied,
@@ -183,19 +183,6 @@ _EXPECTED_ROW: dict[expect.Subject, Callable[[sqlite3.Row], Any]] = {
 }
 
 
-def _seconds(url: str, options: dict[str, str], name: str, default: float) -> float:
-    """A URL option in seconds (``?busy_timeout=5``)."""
-    if name not in options:
-        return default
-    try:
-        value = float(options[name])
-    except ValueError:
-        value = -1.0
-    if not value >= 0:
-        raise errors.ContractError(f"{url!r}: {name}={options[name]!r}; give seconds, e.g. 5")
-    return value
-
-
 class SQLiteStore:
     """A ledger in one SQLite file. Thread-safe: one connection behind a lock."""
 
@@ -225,22 +212,18 @@ class SQLiteStore:
         #: (BENCHMARKS.md, "Workers").
         self.group_commit_default = True
         self.max_concurrent_writers = 1
-        #: A lock held past the busy timeout, a full disk, an I/O error: worth retrying.
-        self.transient_errors: tuple[type[Exception], ...] = (sqlite3.OperationalError,)
         #: How long an idle worker sleeps between looks for work (no LISTEN/NOTIFY in SQLite).
         self.poll_interval = float(options.get("poll_interval", 0.1))
         if path != ":memory:":
             Path(path).parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.RLock()
-        #: How long a statement waits for another writer's lock before failing (seconds).
-        self.busy_timeout = _seconds(url, options, "busy_timeout", 30.0)
         self._conn = sqlite3.connect(
-            path, isolation_level=None, check_same_thread=False, timeout=self.busy_timeout
+            path, isolation_level=None, check_same_thread=False, timeout=30.0
         )
         self._conn.row_factory = sqlite3.Row
         self._conn.execute("PRAGMA journal_mode=WAL")
         self._conn.execute(f"PRAGMA synchronous={self.synchronous}")
-        self._conn.execute(f"PRAGMA busy_timeout={int(self.busy_timeout * 1000)}")
+        self._conn.execute("PRAGMA busy_timeout=30000")
         self.migrate()
 
     # -- schema ---------------------------------------------------------------------------------
@@ -304,40 +287,11 @@ class SQLiteStore:
         lease_ttl: float,
         now: float,
     ) -> tuple[T, dict[str, Any] | None]:
-        """A local transaction: the tool's writes and its checkpoint in one commit.
-
-        A COMMIT that fails and leaves no transaction open (an I/O error part-way) may have landed:
-        it raises ``CommitInDoubt``. One that leaves it open is rolled back here: nothing landed.
-        """
-        batch: Batch | None = None
-        written = False
-        with self._lock:
-            try:
-                with self._write() as conn:
-                    value = work(LocalTransaction(conn, backend="sqlite", paramstyle="qmark"))
-                    batch = finish(value)
-                    control = self._apply_txn(conn, batch, lease_ttl=lease_ttl, now=now)
-                    written = True  # from here on, only the COMMIT can fail
-            except Exception as exc:
-                if batch is None or not written:
-                    raise
-                if self._conn.in_transaction:
-                    self._conn.execute("ROLLBACK")  # SQLite kept it open: it did not commit
-                    raise
-                raise errors.CommitInDoubt(
-                    f"run {batch.run_id}: the COMMIT of a local transaction failed part-way "
-                    f"({exc}); it may have committed",
-                    run_id=batch.run_id,
-                ) from exc
-        return value, control
-
-    def checkpoint_committed(self, run_id: str, attempt_id: str) -> bool:
-        """Read the checkpoint's attempt row (see ``LedgerStore.checkpoint_committed``). The
-        transaction it settles is over: its connection is this store's own, which has ended it."""
-        rows = self._all(
-            "SELECT outcome FROM attempts WHERE run_id = ? AND attempt_id = ?", (run_id, attempt_id)
-        )
-        return bool(rows) and rows[0]["outcome"] == records.Outcome.COMMITTED.value
+        """A local transaction: the tool's writes and its checkpoint in one commit."""
+        with self._write() as conn:
+            value = work(LocalTransaction(conn, backend="sqlite", paramstyle="qmark"))
+            control = self._apply_txn(conn, finish(value), lease_ttl=lease_ttl, now=now)
+            return value, control
 
     def apply_many(
         self, batches: Sequence[Batch], *, lease_ttl: float, now: float
@@ -350,7 +304,12 @@ class SQLiteStore:
                 conn.execute("SAVEPOINT batch")
                 try:
                     control = self._apply_txn(conn, batch, lease_ttl=lease_ttl, now=now)
-                except (errors.LeaseLost, errors.IdempotencyConflict, errors.RunNotFound) as exc:
+                except (
+                    errors.LeaseLost,
+                    errors.IdempotencyConflict,
+                    errors.RunNotFound,
+                    errors.StaleState,
+                ) as exc:
                     conn.execute("ROLLBACK TO batch")
                     results.append(Applied(error=exc))
                 else:
@@ -433,12 +392,14 @@ class SQLiteStore:
             ).fetchone()
             if head is None:
                 raise errors.RunNotFound(f"run {batch.run_id} does not exist", run_id=batch.run_id)
+        for expectation in batch.expectations:
+            self._check_txn(conn, batch.run_id, expectation)
         for op in batch.operations:
             self._bind_operation_txn(conn, op)
         for decision in batch.decisions:
-            conn.execute(
+            cur = conn.execute(
                 "INSERT INTO decisions (decision_id, tenant, params_digest, effect_id, decided_at) "
-                "VALUES (?, ?, ?, ?, ?)",
+                "VALUES (?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
                 (
                     decision.decision_id,
                     decision.tenant,
@@ -447,10 +408,17 @@ class SQLiteStore:
                     decision.decided_at,
                 ),
             )
+            if cur.rowcount != 1:
+                raise errors.IdempotencyConflict(
+                    f"decision {decision.decision_id} is taken already; nothing was recorded",
+                    run_id=batch.run_id,
+                    effect_id=decision.effect_id,
+                )
         for approval in batch.approvals:
-            conn.execute(
+            cur = conn.execute(
                 "INSERT INTO approvals (approval_id, tenant, run_id, step_id, request_digest, "
-                "approver, note, approved_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                "approver, note, approved_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?) "
+                "ON CONFLICT DO NOTHING",
                 (
                     approval.approval_id,
                     approval.tenant,
@@ -462,6 +430,12 @@ class SQLiteStore:
                     approval.approved_at,
                 ),
             )
+            if cur.rowcount != 1:
+                raise errors.IdempotencyConflict(
+                    f"approval {approval.approval_id} is taken already; nothing was recorded",
+                    run_id=batch.run_id,
+                    step_id=approval.step_id,
+                )
         if batch.steps:
             conn.executemany(
                 _UPSERT_STEP, [_row_values(s, _STEP_FIELDS) for s in batch.steps.values()]
@@ -522,6 +496,21 @@ class SQLiteStore:
             control: dict[str, Any] | None = changes["control"]
             return control
         return _loads(head["control_json"])  # type: ignore[no-any-return]
+
+    def _check_txn(
+        self, conn: sqlite3.Connection, run_id: str, expectation: expect.Expectation
+    ) -> None:
+        """Refuse the batch (``StaleState``) unless ``expectation`` holds; inside the writer's
+        ``BEGIN IMMEDIATE``, so nothing can change it before the batch commits."""
+        row = conn.execute(
+            expect.QUERIES[expectation.subject], expectation.params(run_id)
+        ).fetchone()
+        found: Any = None
+        if row is not None:
+            found = _EXPECTED_ROW[expectation.subject](row)
+        refused = expect.refusal(expectation, run_id, found)
+        if refused is not None:
+            raise refused
 
     def _bind_operation_txn(self, conn: sqlite3.Connection, op: OperationBinding) -> None:
         cur = conn.execute(

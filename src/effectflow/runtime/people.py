@@ -1,6 +1,12 @@
 """A person's decisions: settling an unknown effect (``rt.resolve``) and approving a step
 (``rt.approve``). Both are pinned, fenced and audited: a stale version or a reused id is refused, and
 the decision revokes any worker's lease so a zombie cannot write over it.
+
+Both are compare-and-swap (DESIGN §9): what a decision was made on (the effect's version and status,
+the step's state, the run's lease token) is checked by the store inside the transaction that records
+it (``Batch.expect_*``), so of two concurrent contradicting decisions exactly one is recorded and the
+other gets ``StaleState`` having changed nothing. The checks made here before building the batch
+only give the early, precise refusal; they are repeated where it counts.
 """
 
 from __future__ import annotations
@@ -47,16 +53,9 @@ def resolve(
         {"effect_id": effect_id, "committed": committed, "evidence": evidence, "by": by}
     )
     if decision_id is not None:
-        pinned = rt.store.get_decision(decision_id)
-        if pinned is not None:
-            if pinned.params_digest != params or pinned.tenant != rt.tenant:
-                raise errors.IdempotencyConflict(
-                    f"decision {decision_id} was already taken with other parameters",
-                    effect_id=effect_id,
-                )
-            found = rt.store.get_effect(effect_id, tenant=rt.tenant)
-            assert found is not None
-            return found
+        replayed = _replayed_decision(rt, decision_id, params, effect_id)
+        if replayed is not None:
+            return replayed
     if expected_version is not None and expected_version != effect.version:
         raise errors.StaleState(
             f"effect {effect_id} is at version {effect.version}, not {expected_version}; "
@@ -86,6 +85,12 @@ def resolve(
     step = next(s for s in rt.store.steps(run.run_id) if s.step_id == effect.step_id)
     attempts = rt.store.attempts(run.run_id, step.step_id)
     batch = Batch(run.run_id, lease_token=None)
+    # What the decision was made on, checked where it is recorded: the effect's version and status,
+    # the step as read (no worker moved it), and the lease token it revokes (no worker claimed the
+    # run meanwhile, which would get the same token again).
+    batch.expect_effect(effect_id, version=effect.version, status=effect.status)
+    batch.expect_step(step.step_id, status=step.status, updated_at=step.updated_at)
+    batch.expect_run(lease_token=run.lease_token)
     # A person's decision revokes any lease: a zombie holding the old token can write nothing.
     batch.run_changes.update(
         lease_token=run.lease_token + 1,
@@ -114,12 +119,7 @@ def resolve(
     if committed:
         ext_id = evidence.get("external_effect_id", effect.external_effect_id)
         ext_id = None if ext_id is None else str(ext_id)
-        output = evidence.get("result")
-        if output is None:
-            field = rt._effect_id_field(step.tool)
-            output = dict(evidence)
-            if field and ext_id is not None:
-                output[field] = ext_id
+        output = confirmed_output(evidence, ext_id, _effect_id_field(rt, effect))
         new_effect = dataclasses.replace(
             effect,
             status=StepStatus.CONFIRMED,
@@ -171,11 +171,70 @@ def resolve(
         decision_id=decision_id,
         previous_status=effect.status.value,
     )
-    rt.store.apply(batch, lease_ttl=rt.lease_ttl, now=now)
+    try:
+        rt.store.apply(batch, lease_ttl=rt.lease_ttl, now=now)
+    except (errors.StaleState, errors.IdempotencyConflict):
+        # Another decision was recorded first. The same decision (same id, same parameters)
+        # recorded by a concurrent call is this one's answer too; anything else is refused.
+        if decision_id is not None:
+            replayed = _replayed_decision(rt, decision_id, params, effect_id)
+            if replayed is not None:
+                return replayed
+        raise
     if run.control is not None and run.control.get("kind") == ending.CANCEL:
         # A cancelled run waited only for this answer: give it its end state now.
         rt.resume(run.run_id, by=by)
     return new_effect
+
+
+def confirmed_output(
+    evidence: dict[str, Any], external_effect_id: str | None, effect_id_field: str | None
+) -> Any:
+    """The result a step confirmed by a person returns to its workflow.
+
+    ``evidence["result"]`` when the person gave one (the provider's answer, as the tool would have
+    returned it); otherwise the evidence itself, with the contract's effect-id field (e.g.
+    ``provider_message_id``) set to ``evidence["external_effect_id"]``, so the workflow reads the
+    id where it reads it after a call.
+    """
+    result = evidence.get("result")
+    if result is not None:
+        return result
+    output = dict(evidence)
+    if effect_id_field and external_effect_id is not None:
+        output[effect_id_field] = external_effect_id
+    return output
+
+
+def _effect_id_field(rt: Runtime, effect: records.EffectRecord) -> str | None:
+    """The field of the tool's result that carries the provider's id: recorded on the effect at
+    intent time, so a resolution records the same result with or without the application's
+    registry; effects recorded before that fall back to the registry."""
+    if effect.effect_id_field is not None:
+        return effect.effect_id_field
+    return rt._effect_id_field(effect.tool)
+
+
+def _replayed_decision(
+    rt: Runtime, decision_id: str, params: str, effect_id: str
+) -> records.EffectRecord | None:
+    """The effect as decided, when ``decision_id`` was already recorded with these parameters;
+    None when it was not recorded.
+
+    Raises:
+        errors.IdempotencyConflict: it was recorded with other parameters (or another tenant).
+    """
+    pinned = rt.store.get_decision(decision_id)
+    if pinned is None:
+        return None
+    if pinned.params_digest != params or pinned.tenant != rt.tenant:
+        raise errors.IdempotencyConflict(
+            f"decision {decision_id} was already taken with other parameters",
+            effect_id=effect_id,
+        )
+    found = rt.store.get_effect(effect_id, tenant=rt.tenant)
+    assert found is not None
+    return found
 
 
 def approve(
@@ -192,20 +251,7 @@ def approve(
         raise errors.ArgumentError("approve needs approver= and approval_id=")
     run = rt._require_run(run_id)
     step = next((s for s in rt.store.steps(run_id) if s.step_id == step_id), None)
-    used = rt.store.get_approval(approval_id)
-    if used is not None:
-        same = (used.tenant, used.run_id, used.step_id, used.approver) == (
-            rt.tenant,
-            run_id,
-            step_id,
-            approver,
-        )
-        if not same or step is None or used.request_digest != step.request_digest:
-            raise errors.IdempotencyConflict(
-                f"approval {approval_id} was already given for another step or request",
-                run_id=run_id,
-                step_id=step_id,
-            )
+    if _replayed_approval(rt, run, step, step_id, approver=approver, approval_id=approval_id):
         return run
     if step is None or not _awaits_approval(step):
         raise errors.StaleState(
@@ -216,6 +262,17 @@ def approve(
         )
     now = rt.clock()
     batch = Batch(run_id, lease_token=None)
+    # What the approval was made on: the step still waits for one (for this very request), no
+    # other approval of that request was recorded meanwhile, and the lease it revokes is the one
+    # read (so the approval that wins is the only one whose resume can claim the run).
+    batch.expect_step(
+        step_id,
+        status=StepStatus.PENDING,
+        error_code="approval_required",
+        request_digest=step.request_digest,
+    )
+    batch.expect_unapproved(step_id, step.request_digest)
+    batch.expect_run(lease_token=run.lease_token)
     batch.run_changes.update(
         lease_token=run.lease_token + 1, lease_owner=None, lease_expires_at=None
     )
@@ -240,5 +297,45 @@ def approve(
         request_digest=step.request_digest,
         note=note,
     )
-    rt.store.apply(batch, lease_ttl=rt.lease_ttl, now=now)
+    try:
+        rt.store.apply(batch, lease_ttl=rt.lease_ttl, now=now)
+    except (errors.StaleState, errors.IdempotencyConflict):
+        # Another approval was recorded first: this very one (same id and parameters) is a no-op,
+        # anything else is refused. Either way this call resumes nothing: the winner does.
+        fresh = rt._require_run(run_id)
+        if _replayed_approval(rt, fresh, step, step_id, approver=approver, approval_id=approval_id):
+            return fresh
+        raise
     return rt.resume(run_id, by=approver)
+
+
+def _replayed_approval(
+    rt: Runtime,
+    run: records.RunRecord,
+    step: records.StepRecord | None,
+    step_id: str,
+    *,
+    approver: str,
+    approval_id: str,
+) -> bool:
+    """Whether ``approval_id`` was already recorded for this very approval (a no-op).
+
+    Raises:
+        errors.IdempotencyConflict: it was recorded for another step, request or approver.
+    """
+    used = rt.store.get_approval(approval_id)
+    if used is None:
+        return False
+    same = (used.tenant, used.run_id, used.step_id, used.approver) == (
+        rt.tenant,
+        run.run_id,
+        step_id,
+        approver,
+    )
+    if not same or step is None or used.request_digest != step.request_digest:
+        raise errors.IdempotencyConflict(
+            f"approval {approval_id} was already given for another step or request",
+            run_id=run.run_id,
+            step_id=step_id,
+        )
+    return True

@@ -233,13 +233,10 @@ class Runtime:
                 left = self._drive(run, workflow)
             except errors.LeaseLost:
                 continue
-        return finished
-
-    def reconcile(self, *, limit: int = 100) -> list[records.RunRecord]:
             finished.append(left)
             if on_run is not None:
                 on_run(left)
-        """Settle unknown outcomes through lookup tools, and continue the runs they settle.
+        return finished
 
     def _owner_gone(self, run: records.RunRecord) -> str | None:
         """How we know the owner of ``run``'s lease executes it no more, or None if it may.
@@ -266,6 +263,9 @@ class Runtime:
         """``run`` as people see it: with whether it is interrupted (``effectflow runs``, ``show``,
         the API and the console show this)."""
         return views.RunView(run, self.interruption(run))
+
+    def reconcile(self, *, limit: int = 100) -> list[records.RunRecord]:
+        """Settle unknown outcomes through lookup tools, and continue the runs they settle.
 
         Each paused run with an in-doubt step is resumed in a new generation: the step machine looks
         the effect up by key, then by external id; confirmed -> recorded and the run continues; not
@@ -347,14 +347,14 @@ class Runtime:
         ``goal_abandoned`` gets a compensation effect (newest first), with an approval where the
         contract or money requires one; irreversible effects stay confirmed. Never call this for a
         technical failure: failed runs keep their effects as facts.
-        """
-        if not reason:
-            raise errors.ArgumentError("compensate needs a reason: the business condition")
-        run = self._require_run(run_id)
 
         Raises:
             errors.StaleState: another control (a cancel) was recorded on the run while this one
                 was decided; nothing was recorded.
+        """
+        if not reason:
+            raise errors.ArgumentError("compensate needs a reason: the business condition")
+        run = self._require_run(run_id)
         for _ in range(_CONTROL_RACES):
             if run.status is RunStatus.COMPENSATED:
                 return run
@@ -614,6 +614,12 @@ class Runtime:
             for e in self.store.effects(tenant=self.tenant, run_id=run.run_id, limit=10_000)
             if e.compensation_status == "compensation_failed"
         ]
+        runs_of: dict[str, views.RunView] = {}
+        for effect in doubtful:
+            if effect.run_id not in runs_of:
+                owning = self.store.get_run(effect.run_id, tenant=self.tenant)
+                if owning is not None:
+                    runs_of[owning.run_id] = self.run_view(owning)
         steps_of = {run.run_id: self.store.steps(run.run_id) for run in waiting}
         return views.attention(waiting, steps_of, doubtful + failed, runs_of_effects=runs_of)[
             :limit
@@ -690,12 +696,6 @@ class Runtime:
         normalized = digests.to_jsonable(input, path="input")
         input_digest = digests.digest(normalized)
         run_id = run_id or requests.new_id("run")
-        runs_of: dict[str, views.RunView] = {}
-        for effect in doubtful:
-            if effect.run_id not in runs_of:
-                owning = self.store.get_run(effect.run_id, tenant=self.tenant)
-                if owning is not None:
-                    runs_of[owning.run_id] = self.run_view(owning)
         existing = self.store.get_run(run_id)
         if existing is not None:
             if existing.tenant != self.tenant or existing.workflow != workflow.name:
@@ -1013,6 +1013,12 @@ class Runtime:
             "type": type(exc).__name__,
             "message": str(exc),
             "confirmed_effects": effects,
+            # The effects it may have caused: each stays listed in ``attention()`` for a person.
+            "in_doubt_effects": [
+                s.effect_id
+                for s in state.steps.values()
+                if s.effect_id is not None and s.status in records.IN_DOUBT_STATUSES
+            ],
         }
         step_id = getattr(exc, "step_id", None)
         if step_id:
@@ -1028,9 +1034,3 @@ class Runtime:
         batch.event("run_failed", now, error=error)
         self.commit(state, batch)
         return self._require_run(state.run.run_id)
-            # The effects it may have caused: each stays listed in ``attention()`` for a person.
-            "in_doubt_effects": [
-                s.effect_id
-                for s in state.steps.values()
-                if s.effect_id is not None and s.status in records.IN_DOUBT_STATUSES
-            ],
