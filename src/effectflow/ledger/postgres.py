@@ -62,6 +62,11 @@ _UNSETTLED = [
         records.StepStatus.AWAITING_COMPLETION,
     )
 ]
+#: How long settling a lost COMMIT waits for the run's row lock (``checkpoint_committed``).
+_SETTLE_LOCK_TIMEOUT = 5.0
+#: SQLSTATE classes of errors that do not answer a COMMIT: connection exceptions, and operator
+#: intervention (a backend told to terminate may do so right after its commit record is written).
+_NO_ANSWER_CLASSES = ("08", "57")
 #: URL query options the store reads itself; every other one goes to libpq as is.
 _OWN_OPTIONS = ("pool_max", "durability")
 
@@ -236,6 +241,13 @@ def _pipeline(conn: Connection) -> Iterator[None]:
             raise
 
 
+def _answered(exc: Exception) -> bool:
+    """Whether an error raised by a COMMIT is the server's answer to it (then nothing committed),
+    rather than the connection going away with the answer unread."""
+    state = exc.sqlstate if isinstance(exc, psycopg.Error) else None
+    return state is not None and not state.startswith(_NO_ANSWER_CLASSES)
+
+
 def _one(conn: Connection, sql: str, params: Sequence[Any] = ()) -> Row | None:
     with conn.cursor(row_factory=dict_row) as cur:
         cur.execute(sql, params)
@@ -294,6 +306,13 @@ class PostgresStore:
         #: Group transactions a process may have in flight at once (the rest of the pool serves
         #: reads and heartbeats).
         self.max_concurrent_writers = max(1, pool_max // 2)
+        #: A restarted server, a cut connection, a pool with no connection to give: worth retrying
+        #: (a broken connection is dropped by the pool, so the retry gets a fresh one).
+        self.transient_errors: tuple[type[Exception], ...] = (
+            psycopg.OperationalError,
+            psycopg.InterfaceError,
+            psycopg_pool.PoolTimeout,
+        )
         #: PostgreSQL already flushes the WAL of concurrent commits together; grouping batches in
         #: the client on top measured slower here (BENCHMARKS.md), so it is off unless asked for.
         self.group_commit_default = False
@@ -395,14 +414,57 @@ class PostgresStore:
         lease_ttl: float,
         now: float,
     ) -> tuple[T, dict[str, Any] | None]:
-        """A local transaction: the tool's writes and its checkpoint in one commit."""
-        with self._transaction() as conn:
-            # The tool's statements run one by one, as on any connection (it may read rowcount).
-            tx = LocalTransaction(_ToolConnection(conn), backend="postgresql", paramstyle="format")
-            value = work(tx)
-            with _pipeline(conn):
-                control = self._apply_txn(conn, finish(value), lease_ttl=lease_ttl, now=now)
-            return value, control
+        """A local transaction: the tool's writes and its checkpoint in one commit.
+
+        A COMMIT that gets no answer from the server (the connection broke while committing) may
+        have landed: it raises ``CommitInDoubt`` instead of the driver's error, never "rolled back".
+        """
+        batch: Batch | None = None
+        written = False
+        try:
+            with self._transaction() as conn:
+                # The tool's statements run one by one, as on any connection (it may read
+                # rowcount).
+                tx = LocalTransaction(
+                    _ToolConnection(conn), backend="postgresql", paramstyle="format"
+                )
+                value = work(tx)
+                batch = finish(value)
+                with _pipeline(conn):
+                    control = self._apply_txn(conn, batch, lease_ttl=lease_ttl, now=now)
+                written = True  # from here on, only the COMMIT can fail
+        except Exception as exc:
+            if batch is None or not written or _answered(exc):
+                raise
+            raise errors.CommitInDoubt(
+                f"run {batch.run_id}: the COMMIT of a local transaction got no answer "
+                f"({' '.join(str(exc).split())}); it may have committed",
+                run_id=batch.run_id,
+            ) from exc
+        return value, control
+
+    def checkpoint_committed(self, run_id: str, attempt_id: str) -> bool:
+        """Read the checkpoint's attempt row on a new connection, after the run's row lock (see
+        ``LedgerStore.checkpoint_committed``)."""
+        with psycopg.connect(self._conninfo, connect_timeout=10, **self._name) as conn:
+            try:
+                # The checkpoint's fence updated the run's row: its lock is held until that
+                # transaction ends, so once it is ours no COMMIT of it can still arrive.
+                conn.execute(f"SET LOCAL lock_timeout = '{int(_SETTLE_LOCK_TIMEOUT * 1000)}ms'")
+                conn.execute("SELECT 1 FROM runs WHERE run_id = %s FOR UPDATE", (run_id,))
+            except psycopg.errors.LockNotAvailable as exc:
+                raise errors.CommitInDoubt(
+                    f"run {run_id}: a transaction holding the run stayed open for "
+                    f"{_SETTLE_LOCK_TIMEOUT:g} s; the local transaction of attempt {attempt_id} "
+                    "may still commit",
+                    run_id=run_id,
+                ) from exc
+            row = conn.execute(
+                "SELECT outcome FROM attempts WHERE run_id = %s AND attempt_id = %s",
+                (run_id, attempt_id),
+            ).fetchone()
+            conn.rollback()
+        return row is not None and row[0] == records.Outcome.COMMITTED.value
 
     def apply_many(
         self, batches: Sequence[Batch], *, lease_ttl: float, now: float

@@ -183,6 +183,19 @@ _EXPECTED_ROW: dict[expect.Subject, Callable[[sqlite3.Row], Any]] = {
 }
 
 
+def _seconds(url: str, options: dict[str, str], name: str, default: float) -> float:
+    """A URL option in seconds (``?busy_timeout=5``)."""
+    if name not in options:
+        return default
+    try:
+        value = float(options[name])
+    except ValueError:
+        value = -1.0
+    if not value >= 0:
+        raise errors.ContractError(f"{url!r}: {name}={options[name]!r}; give seconds, e.g. 5")
+    return value
+
+
 class SQLiteStore:
     """A ledger in one SQLite file. Thread-safe: one connection behind a lock."""
 
@@ -212,18 +225,22 @@ class SQLiteStore:
         #: (BENCHMARKS.md, "Workers").
         self.group_commit_default = True
         self.max_concurrent_writers = 1
+        #: A lock held past the busy timeout, a full disk, an I/O error: worth retrying.
+        self.transient_errors: tuple[type[Exception], ...] = (sqlite3.OperationalError,)
         #: How long an idle worker sleeps between looks for work (no LISTEN/NOTIFY in SQLite).
         self.poll_interval = float(options.get("poll_interval", 0.1))
         if path != ":memory:":
             Path(path).parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.RLock()
+        #: How long a statement waits for another writer's lock before failing (seconds).
+        self.busy_timeout = _seconds(url, options, "busy_timeout", 30.0)
         self._conn = sqlite3.connect(
-            path, isolation_level=None, check_same_thread=False, timeout=30.0
+            path, isolation_level=None, check_same_thread=False, timeout=self.busy_timeout
         )
         self._conn.row_factory = sqlite3.Row
         self._conn.execute("PRAGMA journal_mode=WAL")
         self._conn.execute(f"PRAGMA synchronous={self.synchronous}")
-        self._conn.execute("PRAGMA busy_timeout=30000")
+        self._conn.execute(f"PRAGMA busy_timeout={int(self.busy_timeout * 1000)}")
         self.migrate()
 
     # -- schema ---------------------------------------------------------------------------------
@@ -287,11 +304,40 @@ class SQLiteStore:
         lease_ttl: float,
         now: float,
     ) -> tuple[T, dict[str, Any] | None]:
-        """A local transaction: the tool's writes and its checkpoint in one commit."""
-        with self._write() as conn:
-            value = work(LocalTransaction(conn, backend="sqlite", paramstyle="qmark"))
-            control = self._apply_txn(conn, finish(value), lease_ttl=lease_ttl, now=now)
-            return value, control
+        """A local transaction: the tool's writes and its checkpoint in one commit.
+
+        A COMMIT that fails and leaves no transaction open (an I/O error part-way) may have landed:
+        it raises ``CommitInDoubt``. One that leaves it open is rolled back here: nothing landed.
+        """
+        batch: Batch | None = None
+        written = False
+        with self._lock:
+            try:
+                with self._write() as conn:
+                    value = work(LocalTransaction(conn, backend="sqlite", paramstyle="qmark"))
+                    batch = finish(value)
+                    control = self._apply_txn(conn, batch, lease_ttl=lease_ttl, now=now)
+                    written = True  # from here on, only the COMMIT can fail
+            except Exception as exc:
+                if batch is None or not written:
+                    raise
+                if self._conn.in_transaction:
+                    self._conn.execute("ROLLBACK")  # SQLite kept it open: it did not commit
+                    raise
+                raise errors.CommitInDoubt(
+                    f"run {batch.run_id}: the COMMIT of a local transaction failed part-way "
+                    f"({exc}); it may have committed",
+                    run_id=batch.run_id,
+                ) from exc
+        return value, control
+
+    def checkpoint_committed(self, run_id: str, attempt_id: str) -> bool:
+        """Read the checkpoint's attempt row (see ``LedgerStore.checkpoint_committed``). The
+        transaction it settles is over: its connection is this store's own, which has ended it."""
+        rows = self._all(
+            "SELECT outcome FROM attempts WHERE run_id = ? AND attempt_id = ?", (run_id, attempt_id)
+        )
+        return bool(rows) and rows[0]["outcome"] == records.Outcome.COMMITTED.value
 
     def apply_many(
         self, batches: Sequence[Batch], *, lease_ttl: float, now: float

@@ -312,6 +312,25 @@ class LedgerStore(Protocol):
 
         Everything commits together; any exception (from ``work``, ``finish``, or a refused batch)
         rolls everything back. Returns the work's result and the run's control request.
+
+        Raises:
+            errors.CommitInDoubt: the COMMIT itself got no answer (the connection broke while
+                committing): everything may or may not have landed. ``checkpoint_committed``
+                settles it.
+        """
+        ...
+
+    def checkpoint_committed(self, run_id: str, attempt_id: str) -> bool:
+        """Whether the local transaction whose checkpoint records attempt ``attempt_id`` as
+        committed did commit: its attempt row, read on a connection of its own.
+
+        The checkpoint commits with the tool's writes, so the row settles a COMMIT whose answer was
+        lost. It is read only once no transaction that may still commit it is open (PostgreSQL:
+        after taking the run's row lock, which the checkpoint's fence holds until its transaction
+        ends), so "absent" means it never will commit.
+
+        Raises:
+            errors.CommitInDoubt: a transaction on the run stayed open past the lock timeout.
         """
         ...
 

@@ -4,7 +4,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from typing import Any
 
 from effectflow import digests, errors
@@ -16,6 +16,10 @@ from effectflow.policies.decision import Situation
 from effectflow.runtime import outcomes, requests
 from effectflow.runtime.faults import FaultPoint
 from effectflow.runtime.machine import MachineBase
+
+#: Pauses between reads of a local transaction's checkpoint after its COMMIT got no answer (the
+#: ledger may be briefly unreachable); after the last read fails the step is left in doubt.
+_SETTLE_PAUSES = (0.2, 1.0)
 
 
 class SimpleStepsMixin(MachineBase):
@@ -96,8 +100,14 @@ class SimpleStepsMixin(MachineBase):
     def _local(self, existing: records.StepRecord | None) -> requests.Machine:
         """A ``local_transaction`` tool: intent, call and outcome are one ACID transaction.
 
-        There is no unknown window: either the tool's writes and the confirmed step commit together,
-        or neither does (real rollback) and the step is recorded as not committed.
+        There is no unknown window in the ledger: either the tool's writes and the confirmed step
+        commit together, or neither does (real rollback) and the step is recorded as not committed.
+        A COMMIT whose answer is lost is in doubt only in this process: it is settled from the
+        step's checkpoint (``_settle_commit``) and never recorded as rolled back unless the
+        checkpoint proves it. If it cannot be settled, nothing is recorded and ``CommitInDoubt``
+        leaves the run for recovery, where the step's row is read after the run is claimed (on
+        PostgreSQL the claim waits out the run's row lock, held by an unfinished checkpoint): the
+        row is the checkpoint, so the step is confirmed, or absent and run again.
         """
         st = self.state
         policy = self.contract.retry
@@ -117,28 +127,43 @@ class SimpleStepsMixin(MachineBase):
             )
             attempt = self._new_attempt(records.AttemptKind.CALL, started)
 
-            deferred = st.pending
-            finish = self._local_finish(existing, effect_id, attempt)
+            # The deferred writes ride with the checkpoint as a copy: if it rolls back, they are
+            # recorded with the rollback instead, and nothing of the failed checkpoint is.
+            st.link_previous(self.step_id, st.pending)
+            deferred = st.batch()
+            finish = self._local_finish(existing, effect_id, attempt, deferred)
             result: requests.Result = yield requests.InTransaction(
                 self.tool, self.args, dict(self.kwargs), finish
             )
-            if result.error is None:
+            exc = result.error
+            doubt = exc if isinstance(exc, errors.CommitInDoubt) else None
+            committed = exc is None
+            if doubt is not None:
+                committed = yield from self._settle_commit(attempt, doubt)
+            if committed:
                 step = self._local_step
                 st.steps[self.step_id] = step
                 st.note_attempt(records.evolve(attempt, outcome=Outcome.COMMITTED))
+                if doubt is not None:
+                    self._settled_event(st.pending, attempt, doubt, committed=True)
                 return step.output
             # Rolled back: the tool's writes and the checkpoint are gone together. Record that.
             st.pending = deferred
-            exc = result.error
+            assert exc is not None
             if isinstance(exc, errors.LeaseLost):
                 raise exc
+            if doubt is not None:
+                self._settled_event(st.pending, attempt, doubt, committed=False)
+                exc = doubt.__cause__ or doubt  # what broke the COMMIT, known not to have landed
             now = st.now()
             error = outcomes.error_of(exc)
             rejected = isinstance(exc, errors.Rejected)
-            retryable = isinstance(exc, errors.NotCommitted | TimeoutError | ConnectionError)
+            # A COMMIT that never reached the ledger (its checkpoint is absent) is safe to retry.
+            retryable = doubt is not None or isinstance(
+                exc, errors.NotCommitted | TimeoutError | ConnectionError
+            )
             status = StepStatus.REJECTED if rejected else StepStatus.NOT_COMMITTED
             batch = st.batch()
-            st.link_previous(self.step_id, batch)
             step = self._step_record(existing, status, now, error=error)
             step = records.evolve(
                 step,
@@ -186,21 +211,70 @@ class SimpleStepsMixin(MachineBase):
                 ) from exc
             yield requests.Sleep(retry.backoff(policy, tries, st.rng))
 
+    def _settle_commit(
+        self, attempt: records.AttemptRecord, exc: BaseException
+    ) -> Generator[requests.Request, Any, bool]:
+        """Whether a local transaction whose COMMIT got no answer committed, read from its
+        checkpoint: the attempt row it writes as committed, in the same transaction as the tool's
+        writes. A ledger that cannot be read after a few tries leaves the step in doubt.
+
+        Raises:
+            errors.CommitInDoubt: the checkpoint could not be read; nothing was recorded.
+        """
+        store = self.state.runtime.store
+        last: BaseException = exc
+        for pause in (*_SETTLE_PAUSES, None):
+            try:
+                return store.checkpoint_committed(self.run_id, attempt.attempt_id)
+            except Exception as failure:
+                last = failure
+            if pause is not None:
+                yield requests.Sleep(pause)
+        raise errors.CommitInDoubt(
+            f"step {self.step_id}: the COMMIT of {self.tool.ref}'s local transaction got no answer, "
+            f"and its checkpoint could not be read to settle it ({last}). It may have committed: "
+            "nothing was recorded, and resuming or recovering the run settles it from the "
+            "checkpoint before anything runs again",
+            run_id=self.run_id,
+            step_id=self.step_id,
+        ) from last
+
+    def _settled_event(
+        self,
+        batch: Batch,
+        attempt: records.AttemptRecord,
+        exc: BaseException,
+        *,
+        committed: bool,
+    ) -> None:
+        """Record how a COMMIT that got no answer was settled (its checkpoint read)."""
+        batch.event(
+            "local_commit_settled",
+            self.state.now(),
+            step_id=self.step_id,
+            attempt_id=attempt.attempt_id,
+            committed=committed,
+            evidence="checkpoint_row" if committed else "checkpoint_absent",
+            error=outcomes.error_of(exc.__cause__ or exc),
+        )
+
     def _local_finish(
         self,
         existing: records.StepRecord | None,
         effect_id: str,
         attempt: records.AttemptRecord,
+        deferred: Batch,
     ) -> Callable[[Any], Batch]:
-        """The checkpoint batch of a local transaction, built inside it from the tool's result."""
+        """The checkpoint batch of a local transaction, built inside it from the tool's result
+        (and a copy of the deferred writes, which stay as they were if it rolls back)."""
         st = self.state
 
         def finish(value: Any) -> Batch:
             now = st.now()
             output = self._recordable(value)
             st.faults.hit(FaultPoint.IN_LOCAL_TRANSACTION, self.step_id)
-            batch = st.batch()
-            st.link_previous(self.step_id, batch)
+            batch = Batch(st.run.run_id, st.run.lease_token)
+            batch.absorb(deferred)
             step = self._step_record(existing, StepStatus.CONFIRMED, now, output=output)
             step = records.evolve(
                 step,
