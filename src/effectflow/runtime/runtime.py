@@ -23,7 +23,7 @@ from effectflow.ledger import records
 from effectflow.ledger.local import LocalTransaction
 from effectflow.ledger.records import NextAction, RunStatus, StepStatus
 from effectflow.ledger.store import AuditProblem, Batch, LedgerStore, open_store
-from effectflow.runtime import context, ending, people, requests, views
+from effectflow.runtime import context, ending, outage, people, requests, views
 from effectflow.runtime import group_commit as group_commit_mod
 from effectflow.runtime import leases as leases_mod
 from effectflow.runtime import state as state_mod
@@ -90,11 +90,15 @@ class Runtime:
         lease_ttl: float = leases_mod.DEFAULT_LEASE_TTL,
         registry: registry_module.Registry | None = None,
         group_commit: bool | None = None,
+        ledger_retry: float = 30.0,
     ) -> None:
         if not tenant or not isinstance(tenant, str):
             raise errors.ContractError("tenant must be a non-empty string")
         #: The ledger.
         self.store: LedgerStore = open_store(url)
+        #: How long a call's outcome write is retried through a ledger outage (seconds) before
+        #: the run is left for recovery (``outage``).
+        self.ledger_retry = ledger_retry
         #: The tenant every run and key of this runtime belongs to.
         self.tenant = tenant
         #: Fault points (tests); no-op by default.
@@ -787,19 +791,32 @@ class Runtime:
 
     def commit(self, state: state_mod.RunState, batch: Batch) -> None:
         """Make a batch durable under the run's lease (the drivers call this); with group commit,
-        in the same transaction as the batches other runs commit at the same time."""
-        renewed = self._fence(state, batch)
-        if self.committer is not None:
-            control = self.committer.commit(batch)
-        else:
-            control = self.store.apply(batch, lease_ttl=self.lease_ttl, now=renewed)
+        in the same transaction as the batches other runs commit at the same time.
+
+        Raises:
+            errors.LedgerUnavailable: the ledger stayed away (an outcome is retried first: see
+                ``outage``); nothing is recorded as failed and the run is left for recovery.
+        """
+
+        def apply() -> tuple[float, dict[str, Any] | None]:
+            renewed = self._fence(state, batch)
+            if self.committer is not None:
+                return renewed, self.committer.commit(batch)
+            return renewed, self.store.apply(batch, lease_ttl=self.lease_ttl, now=renewed)
+
+        renewed, control = outage.write(self, batch, apply)
         self._committed(state, renewed, control)
 
     async def commit_async(self, state: state_mod.RunState, batch: Batch) -> None:
         """``commit`` for a run driven by asyncio: with group commit, the batch shares a
         transaction with those of the other runs that commit in the same turn of the loop."""
-        renewed = self._fence(state, batch)
-        self._committed(state, renewed, await self._apply_async(batch, renewed))
+
+        async def apply() -> tuple[float, dict[str, Any] | None]:
+            renewed = self._fence(state, batch)
+            return renewed, await self._apply_async(batch, renewed)
+
+        renewed, control = await outage.write_async(self, batch, apply)
+        self._committed(state, renewed, control)
 
     async def _apply_async(self, batch: Batch, now: float) -> dict[str, Any] | None:
         """Through the async group committer when it is on, else alone."""
@@ -893,12 +910,15 @@ class Runtime:
                 return self._release(state)
             except requests.Suspend:
                 return self._require_run(state.run.run_id)
-            except errors.LeaseLost:
-                raise
+            except (errors.LeaseLost, errors.CommitInDoubt, errors.LedgerUnavailable):
+                raise  # nothing more is written; the run is left for recovery
             except errors.AbandonGoal as exc:
                 self._abandon(state, exc)
                 continue
             except Exception as exc:
+                if outage.is_outage(self, exc):
+                    # A read the ledger could not answer: not the workflow's failure.
+                    raise outage.unavailable(state.run.run_id, exc) from exc
                 return self._finish_failed(state, exc)
             if state.stop_requested():
                 continue  # a cancel arrived with the last step's write: honour it
@@ -953,12 +973,15 @@ class Runtime:
                 return self._release(state)
             except requests.Suspend:
                 return self._require_run(run.run_id)
-            except errors.LeaseLost:
-                raise
+            except (errors.LeaseLost, errors.CommitInDoubt, errors.LedgerUnavailable):
+                raise  # nothing more is written; the run is left for recovery
             except errors.AbandonGoal as exc:
                 self._abandon(state, exc)
                 continue
             except Exception as exc:
+                if outage.is_outage(self, exc):
+                    # A read the ledger could not answer: not the workflow's failure.
+                    raise outage.unavailable(state.run.run_id, exc) from exc
                 return self._finish_failed(state, exc)
             if state.stop_requested():
                 continue
