@@ -93,6 +93,34 @@ STATEMENTS: dict[str, tuple[str, str, tuple[Any, ...]]] = {
         "ORDER BY created_at, insert_seq LIMIT %s FOR UPDATE SKIP LOCKED",
         (NOW, 10),
     ),
+    "claim_runnable subquery with dead owners": (
+        "SELECT run_id FROM runs WHERE status IN ('running', 'cancelling') "
+        "AND (lease_expires_at IS NULL OR lease_expires_at < ? OR lease_owner IN (?)) "
+        "ORDER BY created_at LIMIT ?",
+        "SELECT run_id FROM runs WHERE status IN ('running', 'cancelling') "
+        "AND (lease_expires_at IS NULL OR lease_expires_at < %s "
+        "OR lease_owner = ANY(%s::text[])) "
+        "ORDER BY created_at, insert_seq LIMIT %s FOR UPDATE SKIP LOCKED",
+        (NOW, "host:1:dead", 10),
+    ),
+    "lease_owners": (
+        "SELECT DISTINCT lease_owner FROM runs WHERE status IN ('running', 'cancelling') "
+        "AND lease_expires_at >= ?",
+        "SELECT DISTINCT lease_owner FROM runs WHERE status IN ('running', 'cancelling') "
+        "AND lease_expires_at >= %s",
+        (NOW,),
+    ),
+    "effects_in_doubt": (
+        "SELECT e.* FROM effects e JOIN runs r ON r.run_id = e.run_id "
+        "WHERE e.tenant = ? AND e.status IN ('intent_recorded', 'unknown', 'needs_attention') "
+        "AND NOT (r.status IN ('running', 'cancelling') AND r.lease_expires_at IS NOT NULL "
+        "AND r.lease_expires_at >= ?) ORDER BY e.created_at LIMIT ?",
+        "SELECT e.* FROM effects e JOIN runs r ON r.run_id = e.run_id "
+        "WHERE e.tenant = %s AND e.status IN ('intent_recorded', 'unknown', 'needs_attention') "
+        "AND NOT (r.status IN ('running', 'cancelling') AND r.lease_expires_at IS NOT NULL "
+        "AND r.lease_expires_at >= %s) ORDER BY e.created_at, e.insert_seq LIMIT %s",
+        ("acme", NOW, 500),
+    ),
     "runs_to_recover": (
         "SELECT * FROM runs WHERE status IN ('running', 'cancelling') "
         "AND (lease_expires_at IS NULL OR lease_expires_at < ?) ORDER BY created_at LIMIT ?",
@@ -139,6 +167,8 @@ def _params(name: str, backend: str) -> tuple[Any, ...]:
     params = STATEMENTS[name][2]
     if backend == "postgres" and name == "list_runs(tenant, statuses)":
         return (params[0], list(params[1:3]), params[3])
+    if backend == "postgres" and name == "claim_runnable subquery with dead owners":
+        return (params[0], [params[1]], params[2])
     return params
 
 

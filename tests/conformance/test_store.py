@@ -688,3 +688,65 @@ def test_wait_for_work_returns_within_its_timeout(store: LedgerStore) -> None:
     started = time.monotonic()
     store.wait_for_work(0.05)
     assert time.monotonic() - started < 2.0
+
+
+def test_claim_runnable_takes_live_leases_of_the_dead_owners_named(store: LedgerStore) -> None:
+    """A live lease whose owner the caller proved dead is claimed at once (a new token fences the
+    dead owner out); live leases of other owners stay."""
+    for run_id in ("dead_owners", "alive_owners"):
+        create_run(store, run_id)
+    gone = claim(store, "dead_owners", owner="host:1:dead")
+    claim(store, "alive_owners", owner="host:2:alive")
+    assert store.claim_runnable(owner="w", ttl=30, now=T0 + 1, limit=10) == []
+    [taken] = store.claim_runnable(
+        owner="w", ttl=30, now=T0 + 1, limit=10, dead_owners=["host:1:dead", "host:1:dead"]
+    )
+    assert (taken.run_id, taken.lease_owner, taken.lease_token) == (
+        "dead_owners",
+        "w",
+        gone.lease_token + 1,
+    )
+    with pytest.raises(errors.LeaseLost):
+        store.apply(intent_batch(gone), lease_ttl=TTL, now=T0 + 2)
+
+
+def test_lease_owners_names_each_owner_of_a_live_lease_once(store: LedgerStore) -> None:
+    """Owners of unexpired leases on running runs, each once; expired leases and paused runs are
+    not named."""
+    for run_id in ("a", "b", "c", "expired"):
+        create_run(store, run_id)
+    claim(store, "a", owner="w1")
+    claim(store, "b", owner="w1")
+    claim(store, "c", owner="w2")
+    store.claim("expired", owner="w3", expected_token=0, ttl=1, now=T0)
+    assert sorted(store.lease_owners(now=T0 + 10)) == ["w1", "w2"]
+
+
+def test_effects_in_doubt_leave_out_only_runs_under_a_live_lease(store: LedgerStore) -> None:
+    """In-doubt effects of ended, paused, unleased and expired runs are found; those of a run
+    under a live lease, settled ones and other tenants' are not."""
+    cases = {
+        "failed": RunStatus.FAILED,
+        "paused": RunStatus.PAUSED,
+        "unleased": RunStatus.RUNNING,
+        "expired": RunStatus.RUNNING,
+        "live": RunStatus.RUNNING,
+        "settled": RunStatus.SUCCEEDED,
+    }
+    for run_id in cases:
+        create_run(store, run_id)
+        run = claim(store, run_id)
+        store.apply(intent_batch(run), lease_ttl=TTL, now=T0)
+    assert store.claim("expired", owner="w2", expected_token=1, ttl=1, now=T0)
+    for run_id, status in cases.items():
+        if run_id in ("expired", "live"):
+            continue
+        done = Batch(run_id, lease_token=None)
+        done.run_changes.update(status=status, lease_owner=None, lease_expires_at=None)
+        if run_id == "settled":
+            done.effect(make_effect(run_id, status=StepStatus.CONFIRMED, updated_at=T0 + 1))
+        store.apply(done, lease_ttl=TTL, now=T0)
+    found = store.effects_in_doubt(tenant="acme", now=T0 + 10)
+    assert sorted(e.run_id for e in found) == ["expired", "failed", "paused", "unleased"]
+    assert store.effects_in_doubt(tenant="other", now=T0 + 10) == []
+    assert len(store.effects_in_doubt(tenant=None, now=T0 + 10, limit=2)) == 2
