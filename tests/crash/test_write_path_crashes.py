@@ -86,7 +86,9 @@ WINDOWS = [
     ),
     # Not idempotent, but searchable by our key: look it up, then confirm or retry with the key.
     Window(Kind.LOOKUP, FaultPoint.BEFORE_INTENT, None, ("ok",), prepare_runs=2),
-    Window(Kind.LOOKUP, FaultPoint.AFTER_INTENT, S.INTENT_RECORDED, ("ok",), lookups=1),
+    # Nothing was sent, but the recovering process cannot know that: a search that finds nothing
+    # within the tool's settles_within is no proof, so it searches again once the bound passed.
+    Window(Kind.LOOKUP, FaultPoint.AFTER_INTENT, S.INTENT_RECORDED, ("ok",), lookups=2),
     Window(Kind.LOOKUP, FaultPoint.AFTER_CALL_BEFORE_RECORD, S.INTENT_RECORDED, ("ok",), lookups=1),
     Window(Kind.LOOKUP, FaultPoint.AFTER_RECORD, S.CONFIRMED, ("ok",)),
     Window(
