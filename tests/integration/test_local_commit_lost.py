@@ -47,7 +47,8 @@ class Proxy:
     find the COMMIT: a simple query (``Q``) whose text is COMMIT, or a ``Parse`` of COMMIT in the
     extended protocol (then the ``Sync`` after it is what makes the server run it). It reads the
     server's ``BackendKeyData`` to learn each connection's backend pid, so a test breaks exactly the
-    connection its tool ran on.
+    connection its tool ran on. (psycopg sends a local transaction's COMMIT as a simple query: its
+    transaction block ends outside the pipeline; the ledger's pipelined batches send Parse/Sync.)
     """
 
     def __init__(self, upstream: tuple[str, int]) -> None:
