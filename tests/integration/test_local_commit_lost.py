@@ -19,6 +19,7 @@ import os
 import socket
 import struct
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -548,3 +549,26 @@ def test_an_async_workflow_settles_a_broken_commit_the_same_way(
     assert [a.outcome.value for a in attempts if a.outcome] == outcomes
     assert kinds(rt, f"async-{plan}", "reserve").count("local_commit") == 1
     assert rt.verify_audit() == []
+
+
+def test_another_worker_recovers_a_commit_left_in_doubt_without_writing_twice(
+    proxied: str, direct: str, proxy: Proxy
+) -> None:
+    """Left in doubt with the ledger down, the run is recovered by another runtime once its lease
+    lapses: the step is read from its checkpoint (confirmed) and the row still exists once."""
+    proxy.plan, proxy.down_after_break = "lose_reply", True
+    with ef.Runtime(proxied, lease_ttl=1.0) as first, pytest.raises(ef.CommitInDoubt):
+        first.start(booking, run_id="handed-over", seat="8H")
+    assert seats(direct, "8H") == 1
+    proxy.go_up()
+
+    with ef.Runtime(direct) as other:
+        deadline = time.monotonic() + 10
+        recovered: list[ef.RunRecord] = []
+        while not recovered and time.monotonic() < deadline:
+            time.sleep(0.2)
+            recovered = [r for r in other.recover() if r.run_id == "handed-over"]
+        assert [r.status for r in recovered] == [R.SUCCEEDED]
+        assert seats(direct, "8H") == 1
+        assert kinds(other, "handed-over", "reserve") == ["local_commit"]
+        assert other.verify_audit() == []
