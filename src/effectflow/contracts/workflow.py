@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
+import hashlib
 import inspect
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Generic, ParamSpec, TypeVar
@@ -148,6 +150,37 @@ class Workflow(Generic[P, R]):
         self.__doc__ = fn.__doc__
         self.__name__ = getattr(fn, "__name__", name)
         self.__qualname__ = getattr(fn, "__qualname__", name)
+
+    @functools.cached_property
+    def code_digest(self) -> str:
+        """``sha256:`` of the workflow function's source (its bytecode where the source is not
+        available): recorded per run, so a resume can tell the code changed under it."""
+        try:
+            text = inspect.getsource(self.fn).encode("utf-8")
+        except (OSError, TypeError):
+            code = getattr(self.fn, "__code__", None)
+            text = code.co_code if code is not None else repr(self.fn).encode("utf-8")
+        return "sha256:" + hashlib.sha256(text).hexdigest()
+
+    def check_input(self, input: Mapping[str, Any]) -> None:
+        """Refuse an input the workflow function cannot be called with, before any run exists.
+
+        Raises:
+            errors.ArgumentError: a required input is missing, or an input is not a parameter.
+        """
+        signature = inspect.signature(self.fn)
+        try:
+            signature.bind(None, **input)
+        except TypeError as exc:
+            params = list(signature.parameters.values())[1:]
+            expected = ", ".join(
+                p.name + ("" if p.default is p.empty else "=...")
+                for p in params
+                if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+            )
+            raise errors.ArgumentError(
+                f"workflow {self.name}: {exc}; it takes ({expected}). No run was recorded."
+            ) from None
 
     def with_steps(self, steps: Iterable[StepContract]) -> Workflow[P, R]:
         """A copy with more step contracts (e.g. loaded from YAML)."""

@@ -165,7 +165,8 @@ class RunRecord:
     tenant: str
     #: The workflow's registered name.
     workflow: str
-    #: The workflow's version when the run started.
+    #: The workflow's version the run was last executed with (a change at resume is audited as
+    #: ``workflow_changed``).
     workflow_version: str
     #: The run's input, as recorded.
     input: dict[str, Any]
@@ -194,6 +195,10 @@ class RunRecord:
     #: An operator's pending request to stop the run: ``{"kind": "cancel" | "compensate",
     #: "reason", "by", "at"}``. The worker holding the run honours it at its next step boundary.
     control: dict[str, Any] | None = None
+    #: A digest of the workflow function's source the run was last executed with: code that
+    #: changed without a new declared version is still seen (and audited) at resume. None for
+    #: runs recorded before ledger version 4.
+    workflow_code: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready view (CLI ``--json``, the HTTP API)."""

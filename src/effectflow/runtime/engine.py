@@ -58,15 +58,25 @@ class StepMachine(SettleMixin, SimpleStepsMixin):
         observe: str | None = None,
         compensates: records.EffectRecord | None = None,
     ) -> None:
+        if isinstance(step_id, Tool):
+            raise errors.ContractError(
+                f"ctx.call({step_id.name}, {tool!r}, ...): the step id comes first and the tool "
+                f"second; write ctx.call({tool!r}, {step_id.name}, ...). Nothing was called.",
+                run_id=state.run.run_id,
+            )
+        if not step_id or not isinstance(step_id, str):
+            raise errors.ContractError(
+                f"ctx.call needs a non-empty string step id as its first argument, not "
+                f"{step_id!r}; nothing was called",
+                run_id=state.run.run_id,
+            )
         if not isinstance(tool, Tool):
             raise errors.ContractError(
                 f"step {step_id}: {tool!r} is not a tool; decorate it with @ef.tool(...) "
-                "so the runtime knows its side-effect contract",
+                "so the runtime knows its side-effect contract. Nothing was called.",
                 run_id=state.run.run_id,
                 step_id=step_id,
             )
-        if not step_id or not isinstance(step_id, str):
-            raise errors.ContractError("ctx.call needs a non-empty step id as its first argument")
         self.state = state
         self.step_id = step_id
         self.tool = tool
@@ -149,7 +159,13 @@ class StepMachine(SettleMixin, SimpleStepsMixin):
             self.revision = existing.step_revision + 1
             existing = None
         if existing is not None:
-            self._check_same_request(existing)
+            changed = self._changed_request(existing)
+            if changed is not None:
+                if existing.effect_id is None:
+                    raise changed  # nothing left the process under the recorded request
+                # The code changed under a step that has an effect: settle that effect from its
+                # recorded request and key, then let a person decide; never fail and drop it.
+                yield from settle_unreached(st, [existing], changed.message)
             if existing.status is StepStatus.CONFIRMED:
                 st.link_previous(self.step_id, st.pending)
                 return existing.output
@@ -159,16 +175,17 @@ class StepMachine(SettleMixin, SimpleStepsMixin):
             return (yield from self._local(existing))
         return (yield from self._write(existing))
 
-    def _check_same_request(self, existing: records.StepRecord) -> None:
+    def _changed_request(self, existing: records.StepRecord) -> errors.EffectflowError | None:
+        """Why the workflow's call of this step is not the call the ledger recorded, if it is not."""
         if existing.tool.split("@", 1)[0] != self.tool.name:
-            raise errors.ContractError(
+            return errors.ContractError(
                 f"step {self.step_id} was recorded as a call of {existing.tool}, but the workflow "
                 f"now calls {self.tool.ref} there; a workflow must reach the same steps on resume",
                 run_id=self.run_id,
                 step_id=self.step_id,
             )
         if existing.request_digest != self.request_digest:
-            raise errors.IdempotencyConflict(
+            return errors.IdempotencyConflict(
                 f"step {self.step_id} was recorded with request {existing.request_digest[:19]}..., "
                 f"now called with {self.request_digest[:19]}...: the same step cannot carry "
                 "another payload (make the workflow deterministic, or use a new step id)",
@@ -176,6 +193,7 @@ class StepMachine(SettleMixin, SimpleStepsMixin):
                 step_id=self.step_id,
                 idempotency_key=existing.idempotency_key,
             )
+        return None
 
     def _write(self, existing: records.StepRecord | None) -> requests.Machine:
         st = self.state
@@ -203,6 +221,16 @@ class StepMachine(SettleMixin, SimpleStepsMixin):
         if existing is not None and existing.status is StepStatus.PENDING:
             existing = None if existing.effect_id is None else existing
         if existing is None:
+            skipped = unreached(st, self.step_id)
+            if skipped and self.compensates is None:
+                yield from settle_unreached(
+                    st,
+                    skipped,
+                    f"the workflow now calls step {self.step_id} ({self.tool.ref}), which the run "
+                    "never recorded, without having reached the recorded step(s) "
+                    + ", ".join(s.step_id for s in skipped)
+                    + ": its code changed since they ran (a step renamed, removed or reordered)",
+                )
             approval = None
             if self._approval_needed():
                 approval = self._approval()
@@ -637,3 +665,89 @@ class StepMachine(SettleMixin, SimpleStepsMixin):
         st.note_attempt(ended)
         self.effect = effect
         raise requests.Stop(st.control)
+
+
+# -- workflow code that changed under a run -------------------------------------------------------
+
+
+def unreached(state: state_mod.RunState, current: str | None) -> list[records.StepRecord]:
+    """Recorded steps with an effect that this pass of the workflow has not reached.
+
+    A deterministic workflow replays its recorded steps in order, so when it starts a new write
+    (or ends) while one of them was never reached, its code changed since: that step's effect
+    would otherwise drop out of the run's story (and a renamed step would do it again).
+    """
+    return [
+        s
+        for s in state.steps.values()
+        if s.effect_id is not None
+        and s.compensates is None
+        and s.step_id != current
+        and s.step_id not in state.seen
+        and s.status is not StepStatus.PENDING
+    ]
+
+
+def settle_unreached(
+    state: state_mod.RunState, steps: list[records.StepRecord], why: str
+) -> Generator[requests.Request, Any, None]:
+    """Settle each in-doubt step of ``steps`` from its *recorded* request and key (its lookup:
+    the new code's arguments are not the ones that were sent), then pause the run for a person,
+    naming the change. Always unwinds with ``requests.Suspend``."""
+    # Results this pass of the changed code computed (pure and read steps waiting to ride with the
+    # next write) are not kept: the code the run resumes with next may compute others.
+    for step_id, pending in list(state.pending.steps.items()):
+        if pending.effect_id is None and step_id in state.seen:
+            del state.pending.steps[step_id]
+    for step in steps:
+        if step.status not in records.IN_DOUBT_STATUSES:
+            continue
+        machine = StepMachine.for_recorded(state, step, state.runtime.registry)
+        if machine is None or machine.contract.confirm is None:
+            continue
+        machine._close_orphan_attempts(step)
+        verdict = decision.decide(Situation.IN_DOUBT, machine._facts(step))
+        if verdict.action is Action.LOOKUP:
+            yield from machine._lookup(state.steps[step.step_id], verdict)
+    now = state.now()
+    batch = state.batch()
+    listed = []
+    for step in steps:
+        step = state.steps[step.step_id]
+        listed.append(step.step_id)
+        effect_id = step.effect_id
+        if step.status in records.IN_DOUBT_STATUSES and effect_id is not None:
+            step = records.evolve(
+                step,
+                status=StepStatus.NEEDS_ATTENTION,
+                next_action=NextAction.ASK_A_PERSON,
+                updated_at=now,
+            )
+            effect = state.runtime.store.get_effect(effect_id)
+            if effect is not None:
+                batch.effect(
+                    records.evolve(
+                        effect,
+                        status=StepStatus.NEEDS_ATTENTION,
+                        next_action=NextAction.ASK_A_PERSON,
+                        version=effect.version + 1,
+                        updated_at=now,
+                    )
+                )
+            state.steps[step.step_id] = step
+            batch.step(step)
+    reason = (
+        f"{why}. The recorded effects are settled from their recorded requests and kept; a "
+        "person decides: restore the code the run was started with and resume it, or cancel it"
+    )
+    batch.run_changes.update(
+        status=records.RunStatus.PAUSED,
+        next_action=NextAction.ASK_A_PERSON,
+        error={"code": "workflow_changed", "message": reason, "step_ids": listed},
+        lease_owner=None,
+        lease_expires_at=None,
+    )
+    batch.event("workflow_changed", now, steps=listed, reason=why)
+    batch.event("run_paused", now, reason=reason)
+    yield requests.Commit(batch)
+    raise requests.Suspend(listed[0], reason)

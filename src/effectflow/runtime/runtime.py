@@ -8,6 +8,7 @@ table with its original key. There is no separate "replay log": the ledger's fac
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import os
 import socket
@@ -23,7 +24,7 @@ from effectflow.ledger import records
 from effectflow.ledger.local import LocalTransaction
 from effectflow.ledger.records import NextAction, RunStatus, StepStatus
 from effectflow.ledger.store import AuditProblem, Batch, LedgerStore, open_store
-from effectflow.runtime import context, ending, outage, people, requests, views
+from effectflow.runtime import context, ending, engine, outage, people, requests, views
 from effectflow.runtime import group_commit as group_commit_mod
 from effectflow.runtime import leases as leases_mod
 from effectflow.runtime import state as state_mod
@@ -320,12 +321,15 @@ class Runtime:
         """
         run = self._require_run(run_id)
         for _ in range(_CONTROL_RACES):
-            if run.status.terminal or (
+            cancelled = (
                 run.control is not None
                 and run.control.get("kind") == ending.CANCEL
                 and run.status is not RunStatus.CANCELLED_PENDING_RECONCILIATION
-                and not self._held_elsewhere(run)
-                and run.status is not RunStatus.RUNNING
+            )
+            # A cancel already recorded answers this one: a worker is applying it (it holds the
+            # run), or it was applied; only a run whose cancelling worker died is taken over.
+            if run.status.terminal or (
+                cancelled and (self._held_elsewhere(run) or run.status is not RunStatus.RUNNING)
             ):
                 return ending.inventory(self, run)
             control = {"kind": ending.CANCEL, "reason": reason, "by": by, "at": self.clock()}
@@ -360,8 +364,9 @@ class Runtime:
             raise errors.ArgumentError("compensate needs a reason: the business condition")
         run = self._require_run(run_id)
         for _ in range(_CONTROL_RACES):
-            if run.status is RunStatus.COMPENSATED:
-                return run
+            compensating = run.control is not None and run.control.get("kind") == ending.COMPENSATE
+            if run.status is RunStatus.COMPENSATED or (compensating and self._held_elsewhere(run)):
+                return run  # done, or a worker is applying the compensate already recorded
             control = {"kind": ending.COMPENSATE, "reason": reason, "by": by, "at": self.clock()}
             held = self._held_elsewhere(run)
             workflow = None if held else self.registry.workflow(run.workflow)
@@ -698,6 +703,7 @@ class Runtime:
                 f"{workflow!r} is not a workflow; decorate it with @ef.workflow(name)"
             )
         normalized = digests.to_jsonable(input, path="input")
+        workflow.check_input(input)
         input_digest = digests.digest(normalized)
         run_id = run_id or requests.new_id("run")
         existing = self.store.get_run(run_id)
@@ -719,6 +725,7 @@ class Runtime:
             tenant=self.tenant,
             workflow=workflow.name,
             workflow_version=workflow.version,
+            workflow_code=workflow.code_digest,
             input=normalized,
             input_digest=input_digest,
             status=RunStatus.RUNNING,
@@ -872,8 +879,31 @@ class Runtime:
         fresh = claimed and run.lease_owner == self.owner and run.lease_token == 1
         steps = [] if fresh else self.store.steps(run.run_id)
         state = state_mod.RunState(self, held, workflow, steps, self.faults)
+        if not fresh:
+            self._note_code_change(state, workflow)
         self.leases.hold(state)
         return state
+
+    def _note_code_change(self, state: state_mod.RunState, workflow: Workflow[..., Any]) -> None:
+        """Record (with the run's next write) that it resumes under another version or another
+        code of its workflow than it last ran with: a fact an operator reads in its audit."""
+        run = state.run
+        changed_version = run.workflow_version != workflow.version
+        changed_code = run.workflow_code not in (None, workflow.code_digest)
+        if not changed_version and not changed_code and run.workflow_code is not None:
+            return
+        state.pending.run_changes.update(
+            workflow_version=workflow.version, workflow_code=workflow.code_digest
+        )
+        if changed_version or changed_code:
+            state.pending.event(
+                "workflow_version_changed",
+                self.clock(),
+                from_version=run.workflow_version,
+                to_version=workflow.version,
+                from_code=run.workflow_code,
+                to_code=workflow.code_digest,
+            )
 
     def drive_claimed(
         self, run: records.RunRecord, workflow: Workflow[..., Any]
@@ -988,6 +1018,8 @@ class Runtime:
             return await self._finish_ok_async(state, output)
 
     def _finish_ok(self, state: state_mod.RunState, output: Any) -> records.RunRecord:
+        if self._changed_under(state):
+            return self._require_run(state.run.run_id)
         try:
             batch = self._success(state, output)
         except errors.ArgumentError as exc:
@@ -996,12 +1028,30 @@ class Runtime:
         return self._require_run(state.run.run_id)
 
     async def _finish_ok_async(self, state: state_mod.RunState, output: Any) -> records.RunRecord:
+        if await asyncio.to_thread(self._changed_under, state):
+            return self._require_run(state.run.run_id)
         try:
             batch = self._success(state, output)
         except errors.ArgumentError as exc:
             return self._finish_failed(state, exc)
         await self.commit_async(state, batch)
         return self._require_run(state.run.run_id)
+
+    def _changed_under(self, state: state_mod.RunState) -> bool:
+        """Whether the workflow ended without reaching a recorded step with an effect (its code
+        changed since: a step removed or renamed); if so, that step is settled from its record and
+        the run paused for a person (``engine.settle_unreached``)."""
+        unreached = engine.unreached(state, None)
+        if not unreached:
+            return False
+        why = (
+            "the workflow ended without reaching the recorded step(s) "
+            + ", ".join(s.step_id for s in unreached)
+            + ": its code changed since they ran (a step removed or renamed)"
+        )
+        with contextlib.suppress(requests.Suspend):  # the run is paused: that is the point
+            context.drive(state, engine.settle_unreached(state, unreached, why))
+        return True
 
     def _success(self, state: state_mod.RunState, output: Any) -> Batch:
         """The batch that ends a run with its output (and every write still deferred).
@@ -1044,7 +1094,7 @@ class Runtime:
             ],
         }
         step_id = getattr(exc, "step_id", None)
-        if step_id:
+        if isinstance(step_id, str) and step_id:
             error["step_id"] = step_id
         batch = state.batch()
         batch.run_changes.update(

@@ -123,7 +123,8 @@ class AttentionItem:
     """Something a person must decide: an effect in doubt, an approval, a failed compensation."""
 
     #: ``unknown_effect`` (an effect in doubt), ``interrupted_run`` (an effect in doubt whose run
-    #: is interrupted: recovering settles it), ``approval`` or ``compensation_failed``.
+    #: is interrupted: recovering settles it), ``approval``, ``compensation_failed`` or
+    #: ``workflow_changed`` (a run paused because its code changed under a recorded step).
     kind: str
     #: The run.
     run_id: str
@@ -205,6 +206,19 @@ def attention(
                 )
             )
     for run in runs:
+        if (run.error or {}).get("code") == "workflow_changed":
+            items.append(
+                AttentionItem(
+                    kind="workflow_changed",
+                    run_id=run.run_id,
+                    step_id=str((run.error or {}).get("step_ids", [""])[0]),
+                    effect_id=None,
+                    reason=str((run.error or {}).get("message", "its workflow code changed")),
+                    actions=("resume", "cancel"),
+                    version=None,
+                    since=run.updated_at,
+                )
+            )
         for step in steps_of.get(run.run_id, []):
             if step.status is StepStatus.PENDING and (step.error or {}).get("code") == (
                 "approval_required"
