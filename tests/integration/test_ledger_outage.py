@@ -84,7 +84,7 @@ def _settled_once(rt: ef.Runtime, run: ef.RunRecord) -> None:
     assert run.output == "posted p1"
     [step, _] = rt.steps(run.run_id)
     assert step.status is StepStatus.CONFIRMED
-    assert POSTS == [step.idempotency_key]
+    assert [step.idempotency_key] == POSTS
     assert rt.attention() == []
     assert rt.verify_audit(run.run_id) == []
 

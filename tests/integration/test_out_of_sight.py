@@ -16,7 +16,6 @@ import math
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -60,7 +59,7 @@ UNRECORDABLE = {
     "nan": float("nan"),
     "infinity": math.inf,
     "object": Opaque(),
-    "naive_datetime": dt.datetime(2026, 12, 1, 12, 0),  # noqa: DTZ001 - the point of the test
+    "naive_datetime": dt.datetime(2026, 12, 1, 12, 0),  # no tzinfo: the point of the test
     "lone_surrogate": "\ud800",
     "nested_100k": _deep(100_000),
     "twenty_mb": "x" * 20_000_000,
@@ -69,10 +68,9 @@ UNRECORDABLE = {
 
 
 @pytest.fixture(autouse=True)
-def _fresh() -> Iterator[None]:
+def _fresh() -> None:
     POSTS.clear()
     RETURNS.clear()
-    yield
 
 
 @pytest.mark.parametrize("shape", ["bare", "in_a_result_with_its_id"])
