@@ -22,10 +22,12 @@ from typing import Any
 
 import psycopg
 import pytest
-from conftest import PG
 
 import effectflow as ef
 from effectflow.ledger.records import StepStatus
+
+#: The shared PostgreSQL server's maintenance database (as in conftest.py).
+PG = os.environ.get("EFFECTFLOW_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
 
 #: The provider's own record: one key per post it committed.
 POSTS: list[str] = []
