@@ -78,7 +78,8 @@ def test_a_call_that_never_answers_goes_to_a_person_not_to_a_second_call(
     tmp_path: Path, slow: app.SlowPosts, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """With no bound and a call still running after every lookup found nothing, a person decides;
-    the provider's late commit is then the only post."""
+    the provider's late commit is then the only post, and the call's late answer, when it comes,
+    confirms the effect (so the person's queue empties and a resume goes on without a call)."""
     monkeypatch.setattr(settle, "LATE_ANSWER_WAIT", 0.2)
     slow.latency = 3.0
     with ef.Runtime(f"sqlite:///{tmp_path / 'l.db'}") as rt:
@@ -91,9 +92,18 @@ def test_a_call_that_never_answers_goes_to_a_person_not_to_a_second_call(
         assert all(d["answer"] == "unknown" for d in lookups)
         assert all("may still land" in str(d["reason"]) for d in lookups)
         assert [i.effect_id for i in rt.attention()] == [step.effect_id]
-        deadline = time.time() + 10
-        while not slow.posts and time.time() < deadline:
+        deadline = time.time() + 15
+        while rt.steps("hung")[0].status is not StepStatus.CONFIRMED and time.time() < deadline:
             time.sleep(0.1)
+        [step] = rt.steps("hung")
+        assert step.status is StepStatus.CONFIRMED
+        assert step.external_effect_id == "p1"
+        assert rt.attention() == []
+        late = [e.detail for e in rt.audit("hung") if e.kind == "outcome"][-1]
+        assert late["late"] is True
+        assert late["confirmed"] is True
+        assert rt.resume("hung").status is ef.RunStatus.SUCCEEDED
+        assert rt.verify_audit("hung") == []
     assert len(slow.arrivals) == 1
     assert len(slow.posts) == 1
 

@@ -15,7 +15,7 @@ from effectflow.ledger import records
 from effectflow.ledger.records import NextAction, Outcome, StepStatus
 from effectflow.policies import decision, retry
 from effectflow.policies.decision import Situation
-from effectflow.runtime import outcomes, requests
+from effectflow.runtime import late, outcomes, requests
 from effectflow.runtime.faults import FaultPoint
 from effectflow.runtime.machine import MachineBase
 
@@ -190,6 +190,10 @@ class SettleMixin(MachineBase):
         self, step: records.StepRecord, verdict: decision.Decision
     ) -> Generator[requests.Request, Any, None]:
         st = self.state
+        for attempt in self._calls_in_doubt():
+            handle = st.in_flight.pop(attempt.attempt_id, None)
+            if handle is not None:  # still running: its answer is recorded when it comes
+                late.record_when_done(self, attempt, handle)
         now = st.now()
         step, effect = self._mark(step, StepStatus.NEEDS_ATTENTION, NextAction.ASK_A_PERSON, now)
         batch = st.batch()

@@ -1,0 +1,131 @@
+"""The late answer of a call that outlived its timeout, after its run stopped waiting for it.
+
+A call that timed out keeps running (``context``); while its run is live the step machine waits
+for it (``settle._late_answer``). When the run had to pause first (a person was asked, the lookups
+found nothing), the call may still end later: its answer is a fact and is recorded when it comes
+(DESIGN §3.1). A committed answer confirms the effect — but only while the effect is still in doubt,
+checked in the transaction that records it, so a person's decision taken meanwhile is never
+overwritten silently: the late answer is then recorded as an audit event beside it.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from effectflow import errors
+from effectflow.ledger import records
+from effectflow.ledger.records import NextAction, Outcome, StepStatus
+from effectflow.ledger.store import Batch
+from effectflow.runtime import outcomes, requests
+
+if TYPE_CHECKING:
+    from effectflow.runtime.machine import MachineBase
+
+log = logging.getLogger(__name__)
+
+
+def record_when_done(machine: MachineBase, attempt: records.AttemptRecord, handle: Any) -> None:
+    """Record the answer of ``attempt``'s still-running call once it ends (``handle`` is the
+    driver's future)."""
+    rt = machine.state.runtime
+    effect_id_field = machine.contract.effect_id
+    recordable = machine._recordable_result
+
+    def done(future: Any) -> None:
+        try:
+            exc = future.exception()
+            result = (
+                requests.Result(error=exc) if exc is not None else requests.Result(future.result())
+            )
+        except BaseException as exc:  # cancelled: no answer will ever come
+            log.warning("late call %s ended without an answer: %r", attempt.attempt_id, exc)
+            return
+        try:
+            _record(rt, attempt, result, effect_id_field, recordable)
+        except Exception:
+            log.exception("could not record the late answer of call %s", attempt.attempt_id)
+
+    handle.add_done_callback(done)
+
+
+def _record(
+    rt: Any,
+    attempt: records.AttemptRecord,
+    result: requests.Result,
+    effect_id_field: str | None,
+    recordable: Any,
+) -> None:
+    store = rt.store
+    step = next((s for s in store.steps(attempt.run_id) if s.step_id == attempt.step_id), None)
+    if step is None or step.effect_id is None:
+        return
+    effect = store.get_effect(step.effect_id)
+    if effect is None:
+        return
+    now = rt.clock()
+    outcome, _ = outcomes.classify(result)
+    error = None if result.error is None else outcomes.error_of(result.error)
+    output: Any = None
+    response_digest = None
+    if outcome is Outcome.COMMITTED:
+        output, response_digest, problem = recordable(result.value)
+        error = problem
+    ended = records.evolve(
+        attempt, ended_at=now, outcome=outcome, error=error, response_digest=response_digest
+    )
+    detail: dict[str, Any] = {"attempt": attempt.number, "outcome": outcome.value, "late": True}
+    if error is not None:
+        detail["error"] = error
+    in_doubt = effect.status in records.IN_DOUBT_STATUSES
+    batch = Batch(attempt.run_id, lease_token=None)
+    batch.attempt(ended)
+    if outcome is Outcome.COMMITTED and in_doubt:
+        ext = effect.external_effect_id
+        if effect_id_field and isinstance(output, dict) and output.get(effect_id_field) is not None:
+            ext = str(output[effect_id_field])
+        batch.expect_effect(effect.effect_id, version=effect.version)
+        batch.effect(
+            records.evolve(
+                effect,
+                status=StepStatus.CONFIRMED,
+                external_effect_id=ext,
+                committed_at=now,
+                response_digest=response_digest,
+                next_action=NextAction.NONE,
+                version=effect.version + 1,
+                updated_at=now,
+            )
+        )
+        batch.step(
+            records.evolve(
+                step,
+                status=StepStatus.CONFIRMED,
+                output=output,
+                external_effect_id=ext,
+                confirmed_at=now,
+                error=None,
+                next_action=NextAction.USE_RESULT,
+                updated_at=now,
+            )
+        )
+        detail["external_effect_id"] = ext
+        detail["confirmed"] = True
+    elif outcome is Outcome.COMMITTED:
+        # A person (or a lookup) decided meanwhile; the fact is kept beside their decision.
+        detail["effect_status"] = effect.status.value
+    batch.event("outcome", now, step_id=step.step_id, effect_id=effect.effect_id, **detail)
+    try:
+        store.apply(batch, lease_ttl=rt.lease_ttl, now=now)
+    except errors.StaleState:
+        # The effect moved on in between: record the late answer as a fact beside it.
+        retry = Batch(attempt.run_id, lease_token=None)
+        retry.attempt(ended)
+        retry.event(
+            "outcome",
+            now,
+            step_id=step.step_id,
+            effect_id=effect.effect_id,
+            **{k: v for k, v in detail.items() if k not in ("confirmed",)},
+        )
+        store.apply(retry, lease_ttl=rt.lease_ttl, now=now)
