@@ -68,7 +68,11 @@ def inject(client: httpx.Client, provider: str, operation: str, fault: str) -> N
 
 
 def send_email(
-    client: httpx.Client, *, timeout: float | None = None, attempts: int = 3
+    client: httpx.Client,
+    *,
+    timeout: float | None = None,
+    attempts: int = 3,
+    deadline_header: str | None = None,
 ) -> ef.Tool[..., Any]:
     return http_tool(
         "http_send_email",
@@ -80,6 +84,7 @@ def send_email(
         confirm="http_email_status",
         effect_id="provider_message_id",
         timeout=timeout,
+        deadline_header=deadline_header,
         client=client,
         register=False,
         retry=ef.RetryPolicy(max_attempts=attempts),
@@ -252,7 +257,7 @@ def test_a_stale_if_match_is_a_conflict_and_a_fresh_one_deploys(
 
 def test_a_deadline_already_past_is_not_sent_at_all(client: httpx.Client, uid: str) -> None:
     """A call whose deadline passed before sending raises NotCommitted and sends nothing."""
-    send = send_email(client)
+    send = send_email(client, deadline_header="X-Request-Deadline")
     to = f"{uid}@example.com"
     with pytest.raises(ef.NotCommitted):
         send(to=to, subject="Hi", body="b", idempotency_key=uid, deadline=time.time() - 1)
@@ -265,14 +270,18 @@ def test_a_deadline_already_past_is_not_sent_at_all(client: httpx.Client, uid: s
 
 
 def notify_post(
-    client: httpx.Client, *, confirm: ef.Tool[..., Any] | None = None, **tags: Any
+    client: httpx.Client,
+    *,
+    confirm: ef.Tool[..., Any] | None = None,
+    effect: str = "external_write",
+    **options: Any,
 ) -> ef.Tool[..., Any]:
-    """A non-idempotent chat post: every call posts a new message."""
+    """A non-idempotent chat post: every call posts a new message (options: tags, bounds)."""
     return http_tool(
         "http_notify_post",
         "POST",
         "/notify/post",
-        effect="external_write",
+        effect=effect,
         body=("channel", "text"),
         confirm=confirm,
         effect_id="notification_id",
@@ -280,7 +289,7 @@ def notify_post(
         client=client,
         register=False,
         retry=ef.RetryPolicy(max_attempts=3),
-        **tags,
+        **options,
     )
 
 
@@ -305,8 +314,9 @@ def test_a_tagged_post_is_confirmed_by_its_tag_after_a_lost_response(
     and the answer is lost, the lookup by key finds the one message, the run succeeds, and the
     provider's own records hold exactly one post (never re-sent)."""
     search = notify_search(client)
-    post = notify_post(client, confirm=search, key_field="client_tag")
+    post = notify_post(client, confirm=search, key_field="client_tag", settles_within="PT2S")
     assert post.takes_key
+    assert not post.takes_deadline
     assert post.contract.idempotency == ef.Idempotency(supported=False, tagged_as="body:client_tag")
     registry = Registry()
     registry.add_tool(post)
@@ -361,10 +371,116 @@ def test_a_lookup_by_external_id_only_stays_allowed_for_an_untagged_post(
     by_id = http_lookup(
         "http_notification", "/notify/{external_effect_id}", key_query=None, register=False
     )
-    post = notify_post(client, confirm=by_id)
+    post = notify_post(client, confirm=by_id, settles_within="unbounded")
     assert not post.takes_key
     assert post.contract.idempotency.tagged_as is None
     assert post.contract.confirm == by_id.ref
+
+
+def test_a_post_whose_request_never_landed_is_sent_again_once_its_bound_has_passed(
+    client: httpx.Client, uid: str, tmp_path: Path
+) -> None:
+    """settles_within, without a deadline: the request times out before the provider commits, a
+    lookup before the bound is not proof (the run waits), the one after it is, and the post is
+    sent again with the same key; the provider's records hold one post, and two calls."""
+    search = notify_search(client)
+    post = notify_post(client, confirm=search, key_field="client_tag", settles_within=2.0)
+    registry = Registry()
+    registry.add_tool(post)
+    registry.add_tool(search)
+    channel = f"#late-{uid}"
+
+    @ef.workflow("http_notify_unlanded", register=False)
+    def case(ctx: ef.Context) -> Any:
+        return ctx.call("notify", post, channel=channel, text="case 93 is yours")
+
+    inject(client, "notify", "post", "timeout_before_commit")
+    started = time.monotonic()
+    with ef.Runtime(f"sqlite:///{tmp_path / 'ledger.db'}", registry=registry) as rt:
+        run = rt.start(case, run_id=f"run-{uid}")
+        assert run.status is ef.RunStatus.SUCCEEDED
+        [step] = rt.steps(run.run_id)
+        attempts = [(a.kind.value, a.outcome) for a in rt.attempts(run.run_id)]
+    assert time.monotonic() - started >= 2.0  # it waited for the bound before re-sending
+    assert step.status is ef.StepStatus.CONFIRMED
+    assert attempts[0] == ("call", "unknown")
+    assert attempts[-2:] == [("lookup", "not_committed"), ("call", "committed")]
+    [posted] = client.get("/notify/notifications", params={"channel": channel}).json()["data"]
+    assert posted["client_tag"] == step.idempotency_key
+    calls = client.get("/_admin/calls/notify", params={"operation": "post"}).json()["data"]
+    mine = [(c["fault"], c["outcome"]) for c in calls if c["key"] == step.idempotency_key]
+    assert mine == [("timeout_before_commit", "not_committed"), (None, "ok")]
+
+
+def test_a_non_idempotent_post_with_a_lookup_and_no_bound_is_refused_naming_both_fixes(
+    client: httpx.Client,
+) -> None:
+    """Tagged and looked up by its tag, but with neither deadline_header nor settles_within: the
+    lookup's "not found" could never be proof, so the build is refused, naming the http_tool's
+    fixes (not a `deadline` parameter, which an http_tool never writes)."""
+    with pytest.raises(ef.ContractError) as refused:
+        notify_post(client, confirm=notify_search(client), key_field="client_tag")
+    message = str(refused.value)
+    assert "tool http_notify_post (external_write, no idempotency)" in message
+    assert "http_notify_search@1" in message
+    for fix in ("deadline_header='X-Request-Deadline'", "settles_within=", "'unbounded'"):
+        assert fix in message
+    assert "`deadline` parameter" not in message
+    assert isinstance(refused.value.__cause__, ef.ContractError)  # the engine's own refusal
+    # An idempotent tool, or one declared idempotent_write, needs neither.
+    keyed = send_email(client)
+    assert not keyed.takes_deadline
+    assert keyed.contract.settles_within is None
+    natural = notify_post(
+        client, confirm=notify_search(client), key_field="client_tag", effect="idempotent_write"
+    )
+    assert natural.contract.confirm == "http_notify_search@1"
+
+
+def test_with_a_deadline_header_a_late_request_is_refused_by_the_service(
+    service: ProviderService, uid: str
+) -> None:
+    """deadline_header opts in: the tool takes the runtime's deadline and sends it; a request that
+    reaches the service after it (it left late: a slow hook before sending) is refused there,
+    504 deadline_exceeded, and nothing is committed; one on time posts."""
+
+    def leave_late(request: httpx.Request) -> None:
+        if request.url.path == "/notify/post" and "late" in request.content.decode():
+            time.sleep(0.5)
+
+    hooks = {"request": [leave_late]}
+    with httpx.Client(base_url=service.url, timeout=5.0, trust_env=False, event_hooks=hooks) as c:
+        post = notify_post(
+            c,
+            confirm=notify_search(c),
+            key_field="client_tag",
+            deadline_header="X-Request-Deadline",
+        )
+        assert post.takes_deadline
+        assert post.contract.settles_within is None
+        channel = f"#due-{uid}"
+        with pytest.raises(ef.OutcomeUnknown) as late:
+            post(
+                channel=channel,
+                text="late",
+                idempotency_key=f"{uid}-late",
+                deadline=time.time() + 0.2,
+            )
+        assert (late.value.evidence["status"], late.value.evidence["code"]) == (
+            504,
+            "deadline_exceeded",
+        )
+        post(
+            channel=channel, text="on time", idempotency_key=f"{uid}-ok", deadline=time.time() + 30
+        )
+        posted = c.get("/notify/notifications", params={"channel": channel}).json()["data"]
+        assert [p["text"] for p in posted] == ["on time"]
+        calls = c.get("/_admin/calls/notify", params={"operation": "post"}).json()["data"]
+        keys = {f"{uid}-late", f"{uid}-ok"}
+        mine = {call["key"]: call["outcome"] for call in calls if call["key"] in keys}
+        assert mine == {f"{uid}-late": "deadline_exceeded", f"{uid}-ok": "ok"}
+        with pytest.raises(ef.NotCommitted):  # already past: not even sent
+            post(channel=channel, text="x", idempotency_key=f"{uid}-past", deadline=time.time())
 
 
 # -- against a purpose-built server --------------------------------------------------------------
@@ -455,7 +571,9 @@ def tiny() -> Iterator[str]:
     thread.join()
 
 
-def post_tool(url: str, *, keyed: bool = True, timeout: float = 5.0) -> ef.Tool[..., Any]:
+def post_tool(
+    url: str, *, keyed: bool = True, timeout: float = 5.0, deadline_header: str | None = None
+) -> ef.Tool[..., Any]:
     return http_tool(
         "http_tiny",
         "POST",
@@ -466,6 +584,7 @@ def post_tool(url: str, *, keyed: bool = True, timeout: float = 5.0) -> ef.Tool[
         idempotency=KEYED if keyed else None,
         base_url=url,
         timeout=timeout,
+        deadline_header=deadline_header,
         headers=lambda: {"Authorization": "Bearer t0ken"},
         register=False,
     )
@@ -537,9 +656,9 @@ def test_a_refused_connection_is_not_committed() -> None:
 
 
 def test_the_request_carries_key_if_match_deadline_auth_body_and_query(tiny: str) -> None:
-    """What is sent: JSON body, query, Idempotency-Key, If-Match, X-Request-Deadline, auth."""
+    """What is sent: JSON body, query, Idempotency-Key, If-Match, the opted-in deadline, auth."""
     due = time.time() + 30
-    echoed = post_tool(tiny)(
+    echoed = post_tool(tiny, deadline_header="X-Request-Deadline")(
         path="echo",
         text="hello",
         q="a b",
@@ -557,6 +676,36 @@ def test_the_request_carries_key_if_match_deadline_auth_body_and_query(tiny: str
     unkeyed = post_tool(tiny, keyed=False)(path="echo", text=None)
     assert "idempotency-key" not in unkeyed["headers"]
     assert unkeyed["json"] == {}
+    own = post_tool(tiny, deadline_header="X-Deadline")(path="echo", deadline=due)
+    assert float(own["headers"]["x-deadline"]) == due
+    assert "x-request-deadline" not in own["headers"]
+
+
+def test_without_a_deadline_header_no_deadline_is_taken_or_sent(tiny: str, tmp_path: Path) -> None:
+    """The default tool claims no enforced deadline: it does not take one, refuses one given
+    directly (nothing sent), and run by the runtime sends no deadline header; with the header
+    named, the runtime's deadline goes out in it."""
+    plain = post_tool(tiny)
+    assert not plain.takes_deadline
+    assert "deadline" not in plain.signature.parameters
+    with pytest.raises(ef.Rejected, match="unknown"):
+        plain(path="echo", idempotency_key="k1", deadline=time.time() + 30)
+    opted = post_tool(tiny, deadline_header="X-Request-Deadline")
+
+    @ef.workflow("http_echo_deadline", register=False)
+    def case(ctx: ef.Context) -> Any:
+        return [
+            ctx.call("plain", plain, path="echo", text="a")["headers"],
+            ctx.call("opted", opted, path="echo", text="b")["headers"],
+        ]
+
+    with ef.Runtime(f"sqlite:///{tmp_path / 'ledger.db'}", registry=Registry()) as rt:
+        run = rt.start(case, run_id="run-echo-deadline")
+    assert run.status is ef.RunStatus.SUCCEEDED
+    sent_plain, sent_opted = run.output
+    assert "x-request-deadline" not in sent_plain
+    assert "idempotency-key" in sent_plain  # it did run through the runtime's write path
+    assert time.time() < float(sent_opted["x-request-deadline"]) <= time.time() + 60
 
 
 def test_empty_and_non_json_answers_are_returned_as_they_are(tiny: str) -> None:
@@ -622,6 +771,9 @@ def test_a_tagged_get_sends_the_key_in_a_body_and_a_tag_is_not_a_dedup_key(tiny:
         ({"key_query": "q"}, "also a query argument"),
         ({"key_header": "idempotency-key"}, "supported=True"),
         ({"key_header": "If-Match"}, "sets itself"),
+        ({"key_header": "X-Deadline", "deadline_header": "x-deadline"}, "sets itself"),
+        ({"deadline_header": "Idempotency-Key"}, "a header of its own"),
+        ({"deadline_header": " "}, "a header of its own"),
     ],
 )
 def test_a_tag_that_overwrites_part_of_the_request_is_refused(
@@ -654,7 +806,8 @@ def test_the_signature_names_exactly_the_arguments() -> None:
     """Only idempotent tools take the key; unknown or missing arguments are refused unsent."""
     keyed = post_tool("http://127.0.0.1:9")
     assert keyed.takes_key
-    assert keyed.takes_deadline
+    assert not keyed.takes_deadline
+    assert post_tool("http://127.0.0.1:9", deadline_header="X-Request-Deadline").takes_deadline
     assert not post_tool("http://127.0.0.1:9", keyed=False).takes_key
     with pytest.raises(ef.ArgumentError):
         keyed.bind_arguments((), {"path": "x", "nope": 1})

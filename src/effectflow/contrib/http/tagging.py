@@ -20,7 +20,8 @@ from effectflow import errors
 #: contract says the provider does.
 IDEMPOTENCY_HEADER = "Idempotency-Key"
 
-#: Headers the tool already sets for its own reasons; a key tag may not take them over.
+#: Headers the tool sets for its own reasons, or that a provider may read as a deadline; a key tag
+#: may not take them over (nor the tool's ``deadline_header``).
 _OWN_HEADERS = frozenset({"idempotency-key", "if-match", "x-request-deadline"})
 
 
@@ -59,14 +60,31 @@ class KeyTags:
         named = [place for place in places if place is not None]
         return ", ".join(named) or None
 
-    def check(self, tool: str, *, body: Collection[str], query: Collection[str]) -> None:
-        """Refuse a tag that would overwrite something else the request carries.
+    def check(
+        self,
+        tool: str,
+        *,
+        body: Collection[str],
+        query: Collection[str],
+        deadline_header: str | None = None,
+    ) -> None:
+        """Refuse a tag (or a deadline header) that would overwrite something else the request
+        carries.
 
         Raises:
             errors.ContractError: The tag takes a header the tool sets itself, or the name of
-                a body or query argument.
+                a body or query argument; or the deadline header is one the tool sets otherwise.
         """
-        if self.header is not None and self.header.lower() in _OWN_HEADERS:
+        if deadline_header is not None and (
+            not deadline_header.strip()
+            or deadline_header.lower() in {IDEMPOTENCY_HEADER.lower(), "if-match"}
+        ):
+            raise errors.ContractError(
+                f"tool {tool}: deadline_header={deadline_header!r} must name a header of its own "
+                "(the one the provider reads the deadline from, such as X-Request-Deadline)"
+            )
+        own = _OWN_HEADERS | ({deadline_header.lower()} if deadline_header else set())
+        if self.header is not None and self.header.lower() in own:
             hint = (
                 "declare idempotency=ef.Idempotency(supported=True) to send Idempotency-Key"
                 if self.header.lower() == IDEMPOTENCY_HEADER.lower()

@@ -8,7 +8,7 @@ written once, as data a test walks row by row:
 What happened                                               Signal
 ==========================================================  =====================================
 connect error, connect or pool timeout, bad scheme/URL      ``NotCommitted`` (nothing was sent)
-deadline already past before sending                        ``NotCommitted`` (not sent at all)
+deadline already past before sending (``deadline_header``)  ``NotCommitted`` (not sent at all)
 read or write timeout, reset or closed after sending        ``OutcomeUnknown``
 any other transport error                                   ``OutcomeUnknown``
 2xx                                                         the JSON body (text if not JSON,
@@ -42,6 +42,12 @@ Decisions:
 - A key sent as a tag (``key_header``, ``key_field``, ``key_query``) is a value the provider
   stores, not one it deduplicates by: the idempotency rows do not apply to it, and a lookup by key
   is refused for a tool that sends the key nowhere (see :mod:`effectflow.contrib.http.tagging`).
+- The runtime's deadline is sent only when the tool names the header the provider enforces it by
+  (``deadline_header``). A tool that takes ``deadline`` tells the runtime the provider refuses the
+  call after it, so a lookup that finds nothing past it is proof (DESIGN §3.1); a real API ignores
+  a header it does not know, so claiming that by default would make "not found" proof of nothing
+  and re-send calls that may still land. Without it, a non-idempotent tool with a lookup declares
+  ``settles_within`` (the provider's documented bound, or ``"unbounded"``).
 """
 
 from __future__ import annotations
@@ -65,7 +71,14 @@ except ModuleNotFoundError as exc:  # pragma: no cover - depends on the installe
 from effectflow import errors
 from effectflow.contracts.lookup import Lookup
 from effectflow.contracts.precondition import Expect
-from effectflow.contracts.tool import EffectClass, Idempotency, Tool, tool
+from effectflow.contracts.tool import (
+    UNBOUNDED,
+    CommitSemantics,
+    EffectClass,
+    Idempotency,
+    Tool,
+    tool,
+)
 from effectflow.contrib.http import tagging
 
 #: Statuses that prove the provider refused the request before processing it.
@@ -281,6 +294,7 @@ class _HttpCall:
         query: Sequence[str],
         key_param: str | None,
         key_tags: tagging.KeyTags,
+        deadline_header: str | None,
         sender: _Sender,
         not_committed_statuses: Collection[int],
     ) -> None:
@@ -292,19 +306,25 @@ class _HttpCall:
         self.query = list(query)
         self.key_param = key_param
         self.key_tags = key_tags
+        self.deadline_header = deadline_header
         self.sender = sender
         self.not_committed_statuses = frozenset(not_committed_statuses)
         params = [_keyword(n, required=True) for n in path_args]
         params += [_keyword(n, required=False) for n in [*self.body, *self.query]]
         if key_param is not None:
             params.append(_keyword(key_param, required=False))
-        params += [_keyword("precondition", required=False), _keyword("deadline", required=False)]
+        params.append(_keyword("precondition", required=False))
+        if deadline_header is not None:
+            # Only then: taking ``deadline`` tells the runtime the provider refuses late calls.
+            params.append(_keyword("deadline", required=False))
         self.__signature__ = inspect.Signature(params)
 
     def __call__(self, **arguments: Any) -> Any:
         key = arguments.pop(self.key_param, None) if self.key_param else None
         precondition: Expect | None = arguments.pop("precondition", None)
-        deadline: float | None = arguments.pop("deadline", None)
+        deadline: float | None = (
+            arguments.pop("deadline", None) if self.deadline_header is not None else None
+        )
         missing = [n for n in self.path_args if arguments.get(n) is None]
         unknown = sorted(set(arguments) - {*self.path_args, *self.body, *self.query})
         if missing or unknown:
@@ -320,13 +340,13 @@ class _HttpCall:
         headers: dict[str, str] = {}
         if precondition is not None:
             headers["If-Match"] = precondition.if_match
-        if deadline is not None:
+        if deadline is not None and self.deadline_header is not None:
             if time.time() >= deadline:
                 raise errors.NotCommitted(
                     f"{self.method} {url}: its deadline passed before sending; nothing was sent",
                     evidence={"deadline": deadline},
                 )
-            headers["X-Request-Deadline"] = repr(float(deadline))
+            headers[self.deadline_header] = repr(float(deadline))
         json = {n: arguments[n] for n in self.body if arguments.get(n) is not None}
         params = {n: str(arguments[n]) for n in self.query if arguments.get(n) is not None}
         if key is not None:
@@ -373,6 +393,7 @@ def http_tool(
     effect_id: str | None = None,
     timeout: float | None = None,
     settles_within: str | float | None = None,
+    deadline_header: str | None = None,
     version: str | int = 1,
     register: bool = True,
     client: httpx.Client | None = None,
@@ -387,7 +408,14 @@ def http_tool(
     percent-encoded into the path), each name in ``body`` (sent as a JSON object; None values
     left out) and each name in ``query`` (the query string). When the contract declares
     idempotency the key goes in the ``Idempotency-Key`` header; ``precondition=ef.Expect(...)``
-    goes in ``If-Match``; the runtime's ``deadline`` goes in ``X-Request-Deadline``.
+    goes in ``If-Match``; with ``deadline_header`` the runtime's ``deadline`` goes in that header.
+
+    A deadline is opt-in because the runtime trusts it: a tool that takes one tells the runtime
+    the provider refuses the call after it, so a lookup that finds nothing past it proves the call
+    did not commit. Name ``deadline_header`` only for a provider that enforces it (effectflow's
+    simulated providers honour ``X-Request-Deadline``; a real API ignores a header it does not
+    know). A non-idempotent tool with a lookup and no ``deadline_header`` must declare
+    ``settles_within`` (its documented bound, or ``"unbounded"``), or it is refused here.
 
     A provider that does not deduplicate can still be searched by a tag the caller attached: with
     ``key_header``, ``key_field`` or ``key_query`` each request carries the key there (the tool
@@ -411,6 +439,9 @@ def http_tool(
         timeout: Seconds before the call counts as timed out, for the runtime and for httpx.
         settles_within: How long after a call starts the provider may still commit it (seconds,
             ISO 8601 or ``"unbounded"``), as for ``ef.tool``; passed on only when given.
+        deadline_header: The header by which the provider refuses a request after a deadline
+            (epoch seconds), such as ``X-Request-Deadline``; only then does the tool take the
+            runtime's ``deadline`` and send it. None: no deadline is taken or sent.
         version: The tool's version.
         register: Add the tool to the default registry.
         client: An ``httpx.Client`` to send with (its base URL, auth, pool and transport);
@@ -422,8 +453,10 @@ def http_tool(
 
     Raises:
         errors.ContractError: A bad template, an argument named twice, a reserved name, a tag that
-            collides with an argument or a header the tool sets, or a lookup by key (``confirm=``
-            an :func:`http_lookup` that searches by key) for a tool that does not send the key.
+            collides with an argument or a header the tool sets, a lookup by key (``confirm=``
+            an :func:`http_lookup` that searches by key) for a tool that does not send the key,
+            or a non-idempotent write with a lookup but neither ``deadline_header`` nor
+            ``settles_within``.
     """
     idem = idempotency or Idempotency()
     path_args = _template_fields(url_template)
@@ -437,7 +470,7 @@ def http_tool(
         raise errors.ContractError(
             f"tool {name}: the arguments {names} must be distinct and none of {sorted(reserved)}"
         )
-    tags.check(name, body=body, query=query)
+    tags.check(name, body=body, query=query, deadline_header=deadline_header)
     idem = _tagged(name, effect, idem, tags)
     _check_lookup_by_key(name, confirm, tags)
     call = _HttpCall(
@@ -449,6 +482,7 @@ def http_tool(
         query=query,
         key_param=key_param,
         key_tags=tags,
+        deadline_header=deadline_header,
         sender=_Sender(client, base_url, headers, timeout),
         not_committed_statuses=not_committed_statuses,
     )
@@ -466,7 +500,51 @@ def http_tool(
         register=register,
         **contract,
     )
-    return declare(call)
+    try:
+        return declare(call)
+    except errors.ContractError as exc:
+        if deadline_header is not None or settles_within is not None:
+            raise
+        if not _needs_a_bound(effect, idem, confirm, contract.get("commit")):
+            raise
+        # The engine's own words name a `deadline` parameter, which an http_tool never writes.
+        raise errors.ContractError(_no_bound_message(name, effect, confirm)) from exc
+
+
+def _needs_a_bound(
+    effect: EffectClass | str,
+    idem: Idempotency,
+    confirm: Tool[..., Any] | str | None,
+    commit: CommitSemantics | str | None,
+) -> bool:
+    """Whether the engine asks this tool when "not found" is proof (``Tool``'s declaration check).
+
+    Used only to word an error the engine already raised, so the engine stays the one judge.
+    """
+    try:
+        effect_class = EffectClass(effect)
+    except ValueError:
+        return False
+    repeatable = idem.supported or effect_class is EffectClass.IDEMPOTENT_WRITE
+    local = commit is not None and commit == CommitSemantics.LOCAL_TRANSACTION
+    return effect_class.writes and not repeatable and confirm is not None and not local
+
+
+def _no_bound_message(
+    name: str, effect: EffectClass | str, confirm: Tool[..., Any] | str | None
+) -> str:
+    lookup = confirm.ref if isinstance(confirm, Tool) else confirm
+    return (
+        f"tool {name} ({EffectClass(effect).value}, no idempotency) is confirmed by the lookup "
+        f"{lookup}, so it must say when a lookup that finds nothing proves the request did not "
+        "commit (DESIGN §3.1). An http_tool sends no deadline unless told how: pass "
+        "deadline_header='X-Request-Deadline' (the header's name) only if the provider refuses "
+        "a request after the deadline it carries; otherwise declare settles_within=<seconds or "
+        "ISO 8601>, how long after a request starts the provider may still commit it (its "
+        f"documented bound), or settles_within={UNBOUNDED!r} if it gives none: the lookup then "
+        "confirms effects but never disproves one, and a person decides. If the provider "
+        "deduplicates by Idempotency-Key, declare idempotency=ef.Idempotency(supported=True)."
+    )
 
 
 def _tagged(
