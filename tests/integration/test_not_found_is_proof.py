@@ -85,6 +85,8 @@ def test_a_call_that_never_answers_goes_to_a_person_not_to_a_second_call(
     with ef.Runtime(f"sqlite:///{tmp_path / 'l.db'}") as rt:
         run = rt.start(app.flow, run_id="hung", tool="lat_post_unbounded")
         assert run.status is ef.RunStatus.PAUSED
+        assert run.error is not None
+        assert run.error["row"] == "in_doubt_may_still_land"
         [step] = rt.steps("hung")
         assert step.status is StepStatus.NEEDS_ATTENTION
         lookups = [e.detail for e in rt.audit("hung") if e.kind == "lookup"]
@@ -151,6 +153,8 @@ def test_after_a_sigkill_on_the_wire_with_no_bound_a_person_decides(
     with ef.Runtime(any_ledger) as rt:
         [run] = rt.recover()
         assert run.status is ef.RunStatus.PAUSED
+        assert run.error is not None
+        assert run.error["row"] == "in_doubt_may_still_land"
         [step] = rt.steps("wire")
         assert step.status is StepStatus.NEEDS_ATTENTION
         assert [i.effect_id for i in rt.attention()] == [step.effect_id]

@@ -18,6 +18,7 @@ MOVE = "tests.integration.test_preconditions_completion_local"
 CRASH = "tests.crash.test_write_path_crashes"
 COMP_CRASH = "tests.crash.test_compensation_crash"
 LOCAL = "tests.crash.test_local_transaction_crash"
+LANDING = "tests.integration.test_not_found_is_proof"
 
 #: Decision-table row id -> tests that drive a run into that row against a real provider.
 ROW_PROOFS: dict[str, list[str]] = {
@@ -34,6 +35,10 @@ ROW_PROOFS: dict[str, list[str]] = {
     "in_doubt_budget_spent": [
         f"{RUNTIME}::test_reconcile_settles_a_paused_run_through_its_lookup",
         f"{STOP}::test_reconcile_moves_a_cancelled_run_on_once_its_lookup_answers",
+    ],
+    "in_doubt_may_still_land": [
+        f"{LANDING}::test_a_call_that_never_answers_goes_to_a_person_not_to_a_second_call",
+        f"{LANDING}::test_after_a_sigkill_on_the_wire_with_no_bound_a_person_decides",
     ],
     "in_doubt_no_lookup": [
         f"{RUNTIME}::test_plain_exception_after_sending_asks_a_person",

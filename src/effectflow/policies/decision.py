@@ -99,6 +99,9 @@ class Facts:
     trigger_matches: bool = False
     #: The completion deadline has passed.
     deadline_passed: bool = False
+    #: The last lookup found nothing, but the call may still land (DESIGN §3.1: no enforced
+    #: deadline passed and no declared ``settles_within``): "not found" was no proof.
+    may_still_land: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -246,7 +249,15 @@ def _in_doubt(facts: Facts) -> Decision:
             StepStatus.UNKNOWN,
             NextAction.RECONCILE,
             "in_doubt_lookup",
-            "may have committed: look it up by key / external id before anything else",
+            "may have committed: look it up by key / external id before anything else; "
+            '"not found" is proof only once the call can no longer land (its enforced deadline '
+            "or settles_within passed): until then, wait for that bound and look again",
+        )
+    if facts.has_lookup and facts.may_still_land:
+        return _ask(
+            "in_doubt_may_still_land",
+            "the lookups found nothing, but the call may still land (no enforced deadline, no "
+            "settles_within): never a second call on that; a person decides",
         )
     if facts.has_lookup or facts.idempotent:
         return _ask(
@@ -315,6 +326,17 @@ EXAMPLES: tuple[tuple[str, Situation, Facts], ...] = (
         "still unknown after the retry and lookup budgets",
         Situation.IN_DOUBT,
         Facts(EffectClass.EXTERNAL_WRITE, has_lookup=True, lookups_used=3, attempts_used=1),
+    ),
+    (
+        "lookups found nothing, but the call may still land (no deadline, no bound)",
+        Situation.IN_DOUBT,
+        Facts(
+            EffectClass.EXTERNAL_WRITE,
+            has_lookup=True,
+            lookups_used=3,
+            attempts_used=1,
+            may_still_land=True,
+        ),
     ),
     (
         "intent persisted, no outcome; not idempotent, no lookup",

@@ -226,8 +226,16 @@ class MachineBase:
             max_lookups=contract.retry.max_lookups,
             has_compensation=contract.compensation is not None,
             deadline_passed=self._completion_deadline_passed(step),
+            may_still_land=self._last_lookup_code() == "not_found_may_still_land",
             **kwargs,
         )
+
+    def _last_lookup_code(self) -> str | None:
+        """The error code of the step's last lookup (``settle.NOT_FOUND_MAY_STILL_LAND``...)."""
+        for attempt in reversed(self.state.attempts(self.step_id)):
+            if attempt.kind is records.AttemptKind.LOOKUP:
+                return None if attempt.error is None else attempt.error.get("code")
+        return None
 
     def _completion_deadline_passed(self, step: records.StepRecord) -> bool:
         completion = self.contract.completion

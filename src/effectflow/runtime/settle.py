@@ -25,6 +25,9 @@ DEADLINE_GRACE = 0.5
 #: The deadline window of a call whose tool takes a deadline but declares no timeout (seconds).
 DEFAULT_CALL_WINDOW = 60.0
 
+#: The error code of a lookup whose "not found" was no proof: the call may still land.
+NOT_FOUND_MAY_STILL_LAND = "not_found_may_still_land"
+
 #: How long one settling round waits for the late answer of a call that outlived its timeout and
 #: still runs here, when no bound says when it can no longer land (seconds).
 LATE_ANSWER_WAIT = 30.0
@@ -122,11 +125,12 @@ class SettleMixin(MachineBase):
         else:
             outcome, situation = Outcome.UNKNOWN, Situation.IN_DOUBT
         evidence = digests.to_jsonable(answer.evidence, path=f"{self.step_id}.lookup.evidence")
+        code = NOT_FOUND_MAY_STILL_LAND if premature else "unknown"
         ended = dataclasses.replace(
             attempt,
             ended_at=now,
             outcome=outcome,
-            error=None if answer.reason is None else {"code": "unknown", "message": answer.reason},
+            error=None if answer.reason is None else {"code": code, "message": answer.reason},
         )
         batch.attempt(ended)
         if step.status is StepStatus.AWAITING_COMPLETION and situation is not Situation.CONFIRMED:
