@@ -215,3 +215,59 @@ def test_resume_in_a_process_without_the_workflow_names_it(tmp_path: Path) -> No
         run = rt.submit(unimported, run_id="r1")
         with pytest.raises(ef.ContractError, match="unknown workflow 'contracts_test_unimported'"):
             rt.resume(run.run_id)
+
+
+# -- when "not found" is proof (DESIGN §3.1) ------------------------------------------------------
+
+
+@ef.tool("proof_lookup", effect="read", register=False)
+def _lookup(*, idempotency_key: str) -> ef.Lookup:
+    return ef.Lookup.not_committed()
+
+
+@pytest.mark.parametrize("effect", ["external_write", "financial_write"])
+def test_a_non_idempotent_write_with_a_lookup_must_say_when_not_found_is_proof(
+    effect: str,
+) -> None:
+    """Neither a deadline parameter nor settles_within: refused at declaration, naming both fixes
+    and the explicit opt-in for providers that give no bound."""
+    with pytest.raises(ef.ContractError) as caught:
+        declare("unbounded_post", effect=effect, confirm=_lookup)
+    message = str(caught.value)
+    assert "proof_lookup@1" in message
+    assert "`deadline` parameter" in message
+    assert "settles_within=<seconds" in message
+    assert "settles_within='unbounded'" in message
+
+
+def test_a_deadline_parameter_or_a_declared_bound_makes_not_found_proof() -> None:
+    """Each of the two fixes is accepted, and so is the explicit 'unbounded'."""
+
+    def with_deadline(*, idempotency_key: str, deadline: float) -> None: ...
+
+    assert ef.tool("dl_post", effect="external_write", confirm=_lookup, register=False)(
+        with_deadline
+    ).takes_deadline
+    bounded = declare("b_post", effect="external_write", confirm=_lookup, settles_within="PT30S")
+    assert bounded.contract.settles_within_seconds == 30
+    assert declare("n_post", effect="external_write", confirm=_lookup, settles_within=0)
+    unbounded = declare(
+        "u_post", effect="external_write", confirm=_lookup, settles_within="unbounded"
+    )
+    assert unbounded.contract.settles_within_seconds is None
+
+
+def test_repeatable_writes_and_writes_without_a_lookup_need_no_bound() -> None:
+    """A provider that honours the key (or deduplicates naturally) makes a retry safe; with no
+    lookup, nothing can be disproved anyway (a person decides)."""
+    assert declare(
+        "key_post", effect="external_write", confirm=_lookup, idempotency=ef.Idempotency(True)
+    )
+    assert declare("upsert", effect="idempotent_write", confirm=_lookup)
+    assert declare("plain_post", effect="external_write")
+
+
+@pytest.mark.parametrize("bad", ["soon", -1, "P", True])
+def test_a_bad_settles_within_is_refused(bad: Any) -> None:
+    with pytest.raises(ef.ContractError, match="settles_within"):
+        declare("bad_bound", effect="external_write", confirm=_lookup, settles_within=bad)

@@ -627,3 +627,31 @@ def test_an_unknown_compensation_trigger_is_refused_with_its_line() -> None:
     [problem] = caught.value.problems
     assert problem.line == 3
     assert "trigger" in problem.field
+
+
+def test_settles_within_is_part_of_the_yaml_contract() -> None:
+    """The bound on a provider's late commits is declared in YAML too: a duration or 'unbounded'."""
+    contracts = parse(
+        """\
+        - side_effect_contract:
+            tool: post@1
+            effect_class: external_write
+            settles_within: PT30S
+        - side_effect_contract:
+            tool: chat@1
+            effect_class: external_write
+            settles_within: unbounded
+        """
+    )
+    assert contracts.tools["post@1"].settles_within_seconds == 30
+    assert contracts.tools["chat@1"].settles_within == "unbounded"
+    [problem] = problems_of(
+        """\
+        side_effect_contract:
+          tool: post@1
+          effect_class: external_write
+          settles_within: later
+        """
+    )
+    assert problem.line == 4
+    assert "settles_within" in problem.field
