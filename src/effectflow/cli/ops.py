@@ -351,7 +351,10 @@ def resolve(
         str,
         typer.Option(
             "--evidence",
-            help='What proves the decision, a JSON object (e.g. \'{"ticket": "OPS-1"}\').',
+            help="What proves the decision, a JSON object. external_effect_id: the provider's "
+            "id of the effect; result: what the tool would have returned (then the step's output "
+            "as is); any other key is kept as evidence. "
+            'e.g. \'{"external_effect_id": "msg_81", "ticket": "OPS-1"}\'.',
             show_default=False,
         ),
     ],
@@ -382,6 +385,21 @@ def resolve(
     The audit log records who decided on what evidence; then `effectflow resume RUN` continues the
     run (a committed step returns the recorded result, a not-committed one is retried with its
     original key).
+
+    With --committed, the step's output is evidence["result"] when given;
+    otherwise the evidence, with the tool's effect-id field (such as
+    provider_message_id) set to evidence["external_effect_id"], so the next
+    step finds the id where it would after a call. The same with or without
+    --app. Any other key is kept as evidence.
+
+    A decision is compare-and-swap: if the effect moved on (another person
+    decided first, or it is past --expected-version) nothing is recorded and
+    the command exits 1 (stale_state).
+
+    Example: the provider's dashboard shows the email as sent, id msg_81:
+
+        effectflow resolve eff_2b9c --committed --by alice --expected-version 3 \\
+          --evidence '{"external_effect_id": "msg_81", "seen_in": "dashboard"}'
     """
     if committed == not_committed:
         raise typer.BadParameter(

@@ -188,7 +188,10 @@ async def action(request: Request) -> Response:
             except json.JSONDecodeError as exc:
                 return _back(back, err=f"evidence is not JSON: {exc.msg} (line {exc.lineno})")
             if not isinstance(evidence, dict):
-                return _back(back, err="evidence must be a JSON object")
+                return _back(
+                    back,
+                    err='evidence must be a JSON object, e.g. {"external_effect_id": "msg_1"}',
+                )
             committed = field("committed") == "yes"
             version = field("expected_version")
             effect = rt.resolve(
