@@ -64,6 +64,7 @@ UNRECORDABLE = {
     "nested_100k": _deep(100_000),
     "twenty_mb": "x" * 20_000_000,
     "nul": "a\x00b",
+    "set_of_objects": {Opaque()},
 }
 
 
@@ -148,3 +149,13 @@ def test_code_changed_before_recovery_settles_the_recorded_step_and_waits_for_a_
         assert done.status is ef.RunStatus.SUCCEEDED, done.error
         assert done.output == sent["id"].upper()
     assert changed_app.posts(provider) == [sent]
+
+
+def test_a_set_result_is_recorded_as_a_sorted_list(any_ledger: str) -> None:
+    """A set has one JSON form (its items sorted canonically): it is recorded, not refused."""
+    RETURNS.append({"post_id": "p1", "tags": {"b", "a", 3}})
+    with ef.Runtime(any_ledger) as rt:
+        run = rt.start(flow, run_id="set")
+        assert run.status is ef.RunStatus.SUCCEEDED, run.error
+        assert run.output == {"post_id": "p1", "tags": ["a", "b", 3]}  # by canonical JSON
+    assert len(POSTS) == 1
