@@ -178,7 +178,8 @@ def test_wait_for_work_sleeps_through_runs_no_worker_can_take(pg_backend: Backen
 
 
 def test_pool_size_comes_from_the_url(pg_backend: Backend) -> None:
-    """``?pool_max=`` bounds the pool; other query options pass to libpq; a bad size is refused."""
+    """``?pool_max=`` bounds the pool and ``?pool_timeout=`` the wait for a connection; other
+    query options pass to libpq; a bad size or timeout is refused."""
     # libpq refuses query options it does not know: connecting proves pool_max was taken out.
     sep = "&" if "?" in pg_backend.url else "?"
     store = open_store(f"{pg_backend.url}{sep}pool_max=2&connect_timeout=5")
@@ -189,6 +190,15 @@ def test_pool_size_comes_from_the_url(pg_backend: Backend) -> None:
         store.close()
     with pytest.raises(errors.ContractError, match="pool_max"):
         open_store(f"{pg_backend.url}{sep}pool_max=none")
+    timed = open_store(f"{pg_backend.url}{sep}pool_timeout=2.5")
+    try:
+        assert isinstance(timed, postgres.PostgresStore)
+        assert timed.pool_timeout == 2.5
+    finally:
+        timed.close()
+    for bad in ("0", "soon"):
+        with pytest.raises(errors.ContractError, match="pool_timeout"):
+            open_store(f"{pg_backend.url}{sep}pool_timeout={bad}")
     alias = open_store(pg_backend.url.replace("postgresql://", "postgres://", 1))
     alias.close()
 

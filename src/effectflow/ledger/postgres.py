@@ -68,7 +68,7 @@ _SETTLE_LOCK_TIMEOUT = 5.0
 #: intervention (a backend told to terminate may do so right after its commit record is written).
 _NO_ANSWER_CLASSES = ("08", "57")
 #: URL query options the store reads itself; every other one goes to libpq as is.
-_OWN_OPTIONS = ("pool_max", "durability")
+_OWN_OPTIONS = ("pool_max", "pool_timeout", "durability")
 
 
 def parse_url(url: str) -> tuple[str, dict[str, str]]:
@@ -301,6 +301,18 @@ class PostgresStore:
             )
         #: Most connections the pool opens.
         self.pool_max = pool_max
+        try:
+            pool_timeout = float(options.get("pool_timeout", "10"))
+        except ValueError:
+            pool_timeout = -1.0
+        if not pool_timeout > 0:
+            raise errors.ContractError(
+                f"{redacted(url)!r}: pool_timeout={options['pool_timeout']!r}; give seconds > 0"
+            )
+        #: How long a call waits for a pooled connection before failing with ``PoolTimeout``
+        #: (seconds). Bounded so that a server that is down surfaces as an error the runtime
+        #: retries within its ``ledger_retry``, rather than as a silent wait.
+        self.pool_timeout = pool_timeout
         #: ``full`` or ``intents``: whether a call's outcome waits for its WAL flush.
         self.durability = parse_durability(redacted(url), options.get("durability"))
         #: Group transactions a process may have in flight at once (the rest of the pool serves
@@ -330,6 +342,7 @@ class PostgresStore:
             # transaction.
             kwargs={**self._name, "autocommit": True},
             name="effectflow-ledger",
+            timeout=pool_timeout,
             open=True,
         )
         self._listen_lock = threading.Lock()
