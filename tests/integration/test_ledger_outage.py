@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import sqlite3
 import subprocess
 import threading
@@ -25,6 +24,7 @@ import pytest
 
 import effectflow as ef
 from effectflow.ledger.records import StepStatus
+from pg_server import Mode, PrivatePg
 
 #: The shared PostgreSQL server's maintenance database (as in conftest.py).
 PG = os.environ.get("EFFECTFLOW_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
@@ -115,13 +115,6 @@ def _terminate_connections(url: str) -> None:
         )
 
 
-def _pg_cluster() -> list[str]:
-    if shutil.which("pg_ctlcluster") is None or not Path("/etc/postgresql").is_dir():
-        pytest.skip("no pg_ctlcluster here: cannot restart the server")
-    version = sorted(os.listdir("/etc/postgresql"))[0]
-    return ["pg_ctlcluster", "--skip-systemctl-redirect", version, "main"]
-
-
 def _pg_up(timeout: float = 60) -> None:
     deadline = time.time() + timeout
     while time.time() < deadline:
@@ -132,15 +125,15 @@ def _pg_up(timeout: float = 60) -> None:
     raise AssertionError("PostgreSQL did not come back")
 
 
-def _pg_stop_then_start(mode: str, down_for: float, started: threading.Event) -> None:
-    cluster = _pg_cluster()
+def _stop_then_start(pg: PrivatePg, mode: Mode, down_for: float, started: threading.Event) -> None:
+    """Stop the private server in ``mode``, stay down ``down_for`` s, start it (it accepts
+    connections again when this returns)."""
     try:
-        subprocess.run([*cluster, "stop", "-m", mode], check=True, capture_output=True)
+        pg.stop(mode)
         started.set()
         time.sleep(down_for)
     finally:
-        subprocess.run([*cluster, "start"], check=True, capture_output=True)
-        _pg_up()
+        pg.start()
 
 
 @pytest.fixture
@@ -160,13 +153,15 @@ def pg_url() -> Iterator[str]:
 
 @pytest.mark.parametrize("mode", ["fast", "immediate"])
 def test_a_postgresql_restart_before_the_outcome_is_ridden_out(
-    pg_url: str, mode: str, caplog: pytest.LogCaptureFixture
+    private_pg: PrivatePg, mode: Mode, caplog: pytest.LogCaptureFixture
 ) -> None:
     """The server is stopped right after the provider committed and started 1 s later: the outcome
     write is retried on fresh connections until it lands; the run goes on."""
     started = threading.Event()
-    AFTER_COMMIT.append(_in_background(lambda: _pg_stop_then_start(mode, 1.0, started), started))
-    with ef.Runtime(pg_url) as rt:
+    AFTER_COMMIT.append(
+        _in_background(lambda: _stop_then_start(private_pg, mode, 1.0, started), started)
+    )
+    with ef.Runtime(private_pg.url) as rt:
         run = rt.start(flow, run_id=f"restart-{mode}")
         AFTER_COMMIT.clear()
         _settled_once(rt, run)
@@ -269,14 +264,27 @@ def test_a_full_disk_that_stays_full_leaves_the_run_for_recovery(small_disk: Pat
         _settled_once(rt, run)
 
 
-def test_a_postgresql_outage_past_the_retry_leaves_the_run_for_recovery(pg_url: str) -> None:
+def test_a_postgresql_outage_past_the_retry_leaves_the_run_for_recovery(
+    private_pg: PrivatePg,
+) -> None:
+    """The server stays down 3 s, past the 1 s the outcome write is retried: LedgerUnavailable,
+    the step still intent_recorded and in attention; recovery settles it once the server is back."""
     started = threading.Event()
-    AFTER_COMMIT.append(_in_background(lambda: _pg_stop_then_start("fast", 3.0, started), started))
-    with ef.Runtime(pg_url, ledger_retry=1.0) as rt:
+    outage = threading.Thread(
+        target=_stop_then_start, args=(private_pg, "fast", 3.0, started), daemon=True
+    )
+
+    def begin() -> None:
+        outage.start()
+        assert started.wait(30)
+
+    AFTER_COMMIT.append(begin)
+    with ef.Runtime(private_pg.url, ledger_retry=1.0) as rt:
         with pytest.raises(ef.LedgerUnavailable):
             rt.start(flow, run_id="long-outage")
         AFTER_COMMIT.clear()
-        _pg_up()
+        outage.join(60)  # the server is back
+        assert not outage.is_alive()
         _left_for_recovery(rt, "long-outage")
         [run] = rt.recover()
         _settled_once(rt, run)
