@@ -19,7 +19,8 @@ committed" wins over an effect the provider holds, the ledger now says what a pe
 declared, and resuming re-sends it: that operation is exempt from both checks (the runtime cannot
 know better than a person's evidence), and the race is counted.
 
-CI runs a few derandomized examples; explore with more::
+CI runs 10 derandomized examples of up to 10 steps on each backend (about 35 s for both on two
+cores), reporting a counterexample unshrunk; explore with more, shrinking::
 
     EFFECTFLOW_SM_EXAMPLES=60 EFFECTFLOW_SM_STEPS=12 EFFECTFLOW_SM_RANDOM=1 \
         .venv/bin/python -m pytest tests/integration/test_write_path_state_machine.py --timeout=0
@@ -55,8 +56,8 @@ from effectflow.runtime.faults import Fault, FaultAction, FaultPlan, FaultPoint,
 
 CHILD = Path(app.__file__)
 KINDS = ["sm_post_bounded", "sm_post_unbounded", "sm_put", "sm_pay"]
-EXAMPLES = int(os.environ.get("EFFECTFLOW_SM_EXAMPLES", "3"))
-STEPS = int(os.environ.get("EFFECTFLOW_SM_STEPS", "6"))
+EXAMPLES = int(os.environ.get("EFFECTFLOW_SM_EXAMPLES", "10"))
+STEPS = int(os.environ.get("EFFECTFLOW_SM_STEPS", "10"))
 RANDOM = os.environ.get("EFFECTFLOW_SM_RANDOM", "") not in ("", "0")
 ALL_PHASES = list(Phase)
 
@@ -179,6 +180,12 @@ class WritePath(RuleBasedStateMachine):
         for thread in threads:
             thread.join(15)
             assert not thread.is_alive()
+        pool = getattr(self.rt.store, "_pool", None)
+        if threads and pool is not None:
+            # The PostgreSQL pool hands out connections the outage cut, once each, and a read on
+            # one raises the driver's error (reported; not the write path's business): replace
+            # them before anyone reads.
+            pool.check()
 
     def _new_run(self) -> str:
         run_id = f"{self.tenant}-r{len(self.runs) + 1}"
@@ -240,7 +247,7 @@ class WritePath(RuleBasedStateMachine):
         may still be on the wire, and may land after the child died."""
         self.provider.plan.extend(faults)
         run_id = self._new_run()
-        self._child(["start", run_id, ",".join(tools)], kill_at, delay)
+        self._child(["start", run_id, ",".join(tools)], min(kill_at, len(tools)), delay)
         self._quiet()
 
     @rule(
@@ -250,6 +257,8 @@ class WritePath(RuleBasedStateMachine):
     )
     def recover_and_kill(self, faults: list[app.Fault], kill_at: int, delay: float) -> None:
         """A recovery in a child process, SIGKILLed in its turn."""
+        if not any(self.rt.interruption(r) for r in self.rt.runs(status="running")):
+            return  # nothing to recover: spare the child's start-up
         self.provider.plan.extend(faults)
         self._child(["recover"], kill_at, delay)
         self._quiet()
@@ -385,12 +394,13 @@ class WritePath(RuleBasedStateMachine):
     @invariant()
     def every_held_effect_is_confirmed_or_listed(self) -> None:
         """Each effect the provider holds is confirmed in the ledger with the provider's id, or
-        listed for a person; and no run is live now (nobody else is settling anything)."""
+        listed for a person; and no run is live now (nobody is settling anything: a running run
+        is interrupted, or waits unclaimed after a person's decision revoked its lease)."""
         held = self.provider.snapshot()
         live = [
             r.run_id
             for r in self.rt.runs(status="running", limit=10_000)
-            if self.rt.interruption(r) is None
+            if r.lease_owner is not None and self.rt.interruption(r) is None
         ]
         assert not live, f"runs still executing between steps: {live}"
         listed = {i.effect_id for i in self.rt.attention(limit=10_000)}
@@ -496,18 +506,16 @@ def smx_flow(ctx: ef.Context) -> Any:
     return ctx.call("post", refused_then_post, text="hello")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="src bug: a retry after NotCommitted leaves the step not_committed while the retry is "
-    "in flight; a crash then hides the effect and recovery re-sends it without a lookup",
-)
 def test_a_crash_during_the_retry_of_a_refused_call_neither_hides_nor_repeats_it(
     any_ledger: str,
 ) -> None:
     """Found by the state machine (a child SIGKILLed while the retry of a refused post was on the
     wire, then ``resume``): the retry's call is recorded as started, so after a crash in it the
     step is in doubt, listed for a person until settled, and recovery looks it up instead of
-    re-sending. Checked against the provider: one post."""
+    re-sending. Checked against the provider: one post.
+
+    Fails on main as found: the step stays ``not_committed`` while its retry is in flight, so the
+    crash leaves a committed post unlisted, and recovery sends it again (two posts)."""
     POSTS.clear()
     CALLS[0] = 0
     crash = FaultPlan([Fault(FaultPoint.AFTER_CALL_BEFORE_RECORD, "post", 2, FaultAction.RAISE)])
