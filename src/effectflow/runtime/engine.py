@@ -485,10 +485,14 @@ class StepMachine(SettleMixin, SimpleStepsMixin):
         if verdict is not None:  # a retry: its attempt is durable before the call, like an intent
             now = st.now()
             attempt = self._new_attempt(records.AttemptKind.CALL, now)
-            step = records.evolve(step, next_action=NextAction.RECONCILE, updated_at=now)
+            # From here the call may be in flight: a crash before its outcome is recorded must
+            # leave the step in doubt (looked up), never "not committed" (sent again).
+            step, effect = self._mark(step, StepStatus.INTENT_RECORDED, NextAction.RECONCILE, now)
             batch = st.batch()
             batch.attempt(attempt)
             batch.step(step)
+            batch.effect(effect)
+            self.effect = effect
             batch.event(
                 "retry",
                 now,

@@ -248,6 +248,13 @@ class MachineBase:
         status = step.status
         if status in records.IN_DOUBT_STATUSES:
             return Situation.IN_DOUBT
+        if any(
+            a.kind is records.AttemptKind.CALL and a.outcome is None
+            for a in self.state.attempts(self.step_id)
+        ):
+            # A call whose outcome was never recorded (its process died during it) may have
+            # committed, whatever the step said before it was sent.
+            return Situation.IN_DOUBT
         if status in (StepStatus.NOT_COMMITTED, StepStatus.FAILED, StepStatus.PENDING):
             return Situation.NOT_COMMITTED
         if status is StepStatus.REJECTED:
