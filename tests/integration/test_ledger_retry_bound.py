@@ -8,6 +8,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import psycopg_pool
 import pytest
 
 import effectflow as ef
@@ -60,7 +61,14 @@ def test_the_outcome_write_gives_up_once_ledger_retry_is_spent(private_pg: Priva
             waited = time.monotonic() - began
             SERVER.clear()
             private_pg.start()
-            [step] = rt.steps("stays-down")
+            # The pool reconnects in the background, with its own backoff: a read waits at most
+            # the 1 s asked for, so give it a few tries.
+            for _ in range(30):
+                try:
+                    [step] = rt.steps("stays-down")
+                    break
+                except psycopg_pool.PoolTimeout:
+                    continue
             assert step.status is StepStatus.INTENT_RECORDED
             [run] = rt.recover()
             assert run.status is ef.RunStatus.SUCCEEDED

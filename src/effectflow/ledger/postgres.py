@@ -353,6 +353,11 @@ class PostgresStore:
             self._pool.close()
             raise
 
+    def bound_waits(self, seconds: float) -> None:
+        """A call waits for a pooled connection at most ``seconds`` (and never past
+        ``pool_timeout``)."""
+        self._pool.timeout = max(0.1, min(self.pool_timeout, seconds))
+
     # -- schema ---------------------------------------------------------------------------------
 
     def migrate(self) -> list[int]:

@@ -243,6 +243,13 @@ class SQLiteStore:
         self._conn.execute(f"PRAGMA busy_timeout={int(self.busy_timeout * 1000)}")
         self.migrate()
 
+    def bound_waits(self, seconds: float) -> None:
+        """A statement waits for another writer's lock at most ``seconds`` (and never past
+        ``busy_timeout``)."""
+        wait = max(0.1, min(self.busy_timeout, seconds))
+        with self._lock:
+            self._conn.execute(f"PRAGMA busy_timeout={int(wait * 1000)}")
+
     # -- schema ---------------------------------------------------------------------------------
 
     def migrate(self) -> list[int]:

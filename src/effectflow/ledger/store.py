@@ -428,6 +428,12 @@ class LedgerStore(Protocol):
         """Drop operation bindings whose key retention passed and whose step is settled."""
         ...
 
+    def bound_waits(self, seconds: float) -> None:
+        """Wait at most ``seconds`` for the ledger before failing with a transient error (a
+        pooled connection, another writer's lock): the runtime's ``ledger_retry`` is then the
+        caller's bound, not the driver's own timeout."""
+        ...
+
     def close(self) -> None:
         """Release connections."""
         ...

@@ -100,6 +100,7 @@ class Runtime:
         #: How long a call's outcome write is retried through a ledger outage (seconds) before
         #: the run is left for recovery (``outage``).
         self.ledger_retry = ledger_retry
+        self.store.bound_waits(ledger_retry)
         #: The tenant every run and key of this runtime belongs to.
         self.tenant = tenant
         #: Fault points (tests); no-op by default.
