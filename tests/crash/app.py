@@ -213,10 +213,9 @@ def crm_upsert(case_id: str, title: str, *, idempotency_key: str) -> dict[str, A
     confirm=notify_search,
     effect_id="notification_id",
     external_system="notify",
-    # The in-process provider commits inside the call, which never outlives 5 s here: after that
-    # (a SIGKILL took the call with it) a search that finds nothing is proof. Long enough that a
-    # recovery always starts within it (the crash tests count its lookups).
-    settles_within=5,
+    # The in-process provider commits inside the call or never (a SIGKILL takes the call with
+    # it): a second after the call started, a search that finds nothing is proof.
+    settles_within=1,
 )
 def notify_tagged(channel: str, text: str, *, idempotency_key: str) -> dict[str, Any]:
     """Not idempotent, but tags each post with our key so a lookup can find it."""
