@@ -408,3 +408,39 @@ def test_a_given_result_is_the_steps_output(runtimes: list[ef.Runtime]) -> None:
     assert resolved.evidence == evidence
     assert next(s for s in rt.steps(effect.run_id) if s.step_id == "pay").output == result
     assert rt.resume(effect.run_id).output == {"receipt": "rcpt_7", "note": "noted rcpt_7"}
+
+
+# -- a workflow's AbandonGoal against an operator's request ----------------------------------------
+
+ABANDON_URL: list[str] = []
+
+
+@ef.tool("cas_abandon_probe", effect="pure")
+def _probe(n: int) -> int:
+    """While the run is executing here, an operator cancels it from another runtime."""
+    with ef.Runtime(ABANDON_URL[0]) as operator:
+        operator.cancel("abandon-race", reason="customer called", by="ops")
+    return n
+
+
+@ef.workflow("cas_abandon_flow")
+def _abandoning(ctx: ef.Context) -> None:
+    ctx.call("probe", _probe, n=1)
+    raise ef.AbandonGoal("the workflow gave up")
+
+
+def test_an_operators_cancel_is_not_written_over_by_the_workflows_abandon_goal(
+    any_ledger: str,
+) -> None:
+    """The operator's cancel lands while the run executes; the workflow then abandons its goal:
+    the run ends by the operator's request (one control), never by overwriting it."""
+    ABANDON_URL[:] = [any_ledger]
+    with ef.Runtime(any_ledger) as rt:
+        rt.start(_abandoning, run_id="abandon-race")
+        run = rt.run("abandon-race")
+        assert run.control is not None
+        assert run.control["kind"] == "cancel"
+        assert run.control["by"] == "ops"
+        kinds = [e.kind for e in rt.audit("abandon-race")]
+        assert "cancel_requested" in kinds
+        assert "goal_abandoned" not in kinds

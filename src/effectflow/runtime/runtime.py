@@ -967,12 +967,21 @@ class Runtime:
     def _abandon(self, state: state_mod.RunState, exc: errors.AbandonGoal) -> None:
         """The workflow gave its goal up: record that, so a crash from here on compensates rather
         than re-running the workflow."""
+        if state.control is not None:
+            return  # an operator's cancel or compensate came first: it decides how the run ends
         now = self.clock()
         control = {"kind": ending.COMPENSATE, "reason": str(exc), "by": "workflow", "at": now}
         batch = state.batch()
+        # Compare-and-swap like a person's request: an operator's cancel or compensate recorded
+        # meanwhile wins, and this one is dropped rather than written over it.
+        batch.expect_run(control=state.control)
         batch.run_changes.update(control=control)
         batch.event("goal_abandoned", now, reason=str(exc))
-        self.commit(state, batch)
+        try:
+            self.commit(state, batch)
+        except errors.StaleState:
+            state.control = self._require_run(state.run.run_id).control
+            return
         state.control = control
 
     async def _drive_async(
