@@ -514,8 +514,8 @@ def test_a_crash_during_the_retry_of_a_refused_call_neither_hides_nor_repeats_it
     step is in doubt, listed for a person until settled, and recovery looks it up instead of
     re-sending. Checked against the provider: one post.
 
-    Fails on main as found: the step stays ``not_committed`` while its retry is in flight, so the
-    crash leaves a committed post unlisted, and recovery sends it again (two posts)."""
+    As found (before 08d9e4a) the step stayed ``not_committed`` while its retry was in flight, so
+    the crash left a committed post unlisted, and recovery sent it again (two posts)."""
     POSTS.clear()
     CALLS[0] = 0
     crash = FaultPlan([Fault(FaultPoint.AFTER_CALL_BEFORE_RECORD, "post", 2, FaultAction.RAISE)])
