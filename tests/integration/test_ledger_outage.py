@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+import psycopg_pool
 import pytest
 
 import effectflow as ef
@@ -285,6 +286,14 @@ def test_a_postgresql_outage_past_the_retry_leaves_the_run_for_recovery(
         AFTER_COMMIT.clear()
         outage.join(60)  # the server is back
         assert not outage.is_alive()
+        # The pool reconnects in the background with its own backoff, and a read waits for it at
+        # most the 1 s asked for: give the first read after the outage a few tries.
+        for _ in range(30):
+            try:
+                rt.steps("long-outage")
+                break
+            except psycopg_pool.PoolTimeout:
+                continue
         _left_for_recovery(rt, "long-outage")
         [run] = rt.recover()
         _settled_once(rt, run)
