@@ -3,17 +3,16 @@ same moment: one 200, one 409 ``stale_state``, every time, on both backends (DES
 
 from __future__ import annotations
 
-import os
 import threading
 import uuid
 import warnings
 from collections.abc import Iterator
 from typing import Any
 
-import psycopg
 import pytest
 
 import effectflow as ef
+import ledgers
 from effectflow.api import create_app
 
 with warnings.catch_warnings():
@@ -21,7 +20,6 @@ with warnings.catch_warnings():
     warnings.filterwarnings("ignore", "The anyio.abc.BlockingPortal alias", DeprecationWarning)
     from starlette.testclient import TestClient
 
-PG = os.environ.get("EFFECTFLOW_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
 TOKENS = {"tok-acme": "acme"}
 TRIALS = 60
 
@@ -42,25 +40,13 @@ def order_flow(ctx: ef.Context, order: str) -> str:
     return str(ctx.call("pay", pay, order=order)["receipt_id"])
 
 
-@pytest.fixture(scope="module", params=["sqlite", "postgres"])
+@pytest.fixture(scope="module", params=ledgers.BACKENDS)
 def ledger(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[str]:
-    """One ledger per backend for the whole module (PostgreSQL: a database of its own)."""
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path_factory.mktemp('casapi') / 'ledger.db'}"
-        return
-    name = f"ef_casapi_{uuid.uuid4().hex[:12]}"
-    try:
-        with psycopg.connect(PG, autocommit=True, connect_timeout=3) as conn:
-            conn.execute(f'CREATE DATABASE "{name}"')
-    except psycopg.Error as exc:
-        pytest.skip(f"PostgreSQL not reachable at {PG}: {' '.join(str(exc).split())}")
-    try:
-        yield PG.rsplit("/", 1)[0] + "/" + name
-    finally:
-        with psycopg.connect(PG, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    """One ledger per backend for the whole module (``ledgers.fresh``)."""
+    with ledgers.fresh(request.param, tmp_path_factory.mktemp("casapi"), "ef_casapi") as url:
+        yield url
 
 
 @pytest.fixture(scope="module")

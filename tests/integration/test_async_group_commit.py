@@ -10,47 +10,30 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import os
 import threading
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import psycopg
 import pytest
 
 import effectflow as ef
+import ledgers
 from effectflow.contracts import registry as registry_mod
 from effectflow.ledger.records import StepStatus
 from effectflow.ledger.store import LedgerStore, open_store
-
-PG = os.environ.get("EFFECTFLOW_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
 
 RUNS = 16
 AT_A_TIME = 8
 STEPS = 3
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
+@pytest.fixture(params=ledgers.BACKENDS)
 def ledger(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    """The URL of a fresh ledger on each backend (PostgreSQL: a database of its own, dropped
-    after; skipped, saying why, when no server answers)."""
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path / 'ledger.db'}"
-        return
-    name = f"ef_agc_{uuid.uuid4().hex[:12]}"
-    try:
-        with psycopg.connect(PG, autocommit=True, connect_timeout=3) as conn:
-            conn.execute(f'CREATE DATABASE "{name}"')
-    except psycopg.Error as exc:
-        pytest.skip(f"PostgreSQL not reachable at {PG}: {' '.join(str(exc).split())}")
-    try:
-        yield PG.rsplit("/", 1)[0] + "/" + name
-    finally:
-        with psycopg.connect(PG, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    """The URL of a fresh ledger on each backend (``ledgers.fresh``)."""
+    with ledgers.fresh(request.param, tmp_path, "ef_agc") as url:
+        yield url
 
 
 class World:

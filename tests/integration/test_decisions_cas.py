@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import collections
 import functools
-import os
 import shutil
 import subprocess
 import sys
@@ -20,12 +19,11 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import psycopg
 import pytest
 
 import effectflow as ef
+import ledgers
 
-PG = os.environ.get("EFFECTFLOW_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
 TRIALS = 60
 R = ef.RunStatus
 S = ef.StepStatus
@@ -73,25 +71,13 @@ def refund_flow(ctx: ef.Context, order: str) -> dict[str, Any]:
 # -- fixtures -----------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module", params=["sqlite", "postgres"])
+@pytest.fixture(scope="module", params=ledgers.BACKENDS)
 def ledger(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[str]:
-    """One ledger per backend for the whole module (PostgreSQL: a database of its own)."""
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path_factory.mktemp('cas') / 'ledger.db'}"
-        return
-    name = f"ef_cas_{uuid.uuid4().hex[:12]}"
-    try:
-        with psycopg.connect(PG, autocommit=True, connect_timeout=3) as conn:
-            conn.execute(f'CREATE DATABASE "{name}"')
-    except psycopg.Error as exc:
-        pytest.skip(f"PostgreSQL not reachable at {PG}: {' '.join(str(exc).split())}")
-    try:
-        yield PG.rsplit("/", 1)[0] + "/" + name
-    finally:
-        with psycopg.connect(PG, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    """One ledger per backend for the whole module (``ledgers.fresh``)."""
+    with ledgers.fresh(request.param, tmp_path_factory.mktemp("cas"), "ef_cas") as url:
+        yield url
 
 
 @pytest.fixture(scope="module")

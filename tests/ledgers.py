@@ -1,7 +1,13 @@
-"""Fixtures shared by the integration tests: a fresh ledger on each backend."""
+"""A fresh ledger on each backend, for tests in any folder.
+
+SQLite: a file in the folder given. PostgreSQL: a database of its own on the server named by
+``EFFECTFLOW_TEST_PG`` (default: the local one), dropped after; the test skips, saying why, when
+no server answers.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import uuid
 from collections.abc import Iterator
@@ -13,15 +19,17 @@ import pytest
 #: The PostgreSQL server the postgres half of the tests uses (its maintenance database).
 PG = os.environ.get("EFFECTFLOW_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
 
+#: The backends a ledger test runs on.
+BACKENDS = ("sqlite", "postgres")
 
-@pytest.fixture(params=["sqlite", "postgres"])
-def any_ledger(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    """The URL of a fresh ledger on each backend (PostgreSQL: a database of its own, dropped
-    after; skipped, saying why, when no server answers)."""
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path / 'ledger.db'}"
+
+@contextlib.contextmanager
+def fresh(backend: str, folder: Path, prefix: str = "ef_it") -> Iterator[str]:
+    """The URL of an empty ledger on ``backend`` for the duration of the block."""
+    if backend == "sqlite":
+        yield f"sqlite:///{folder / 'ledger.db'}"
         return
-    name = f"ef_it_{uuid.uuid4().hex[:12]}"
+    name = f"{prefix}_{uuid.uuid4().hex[:12]}"
     try:
         with psycopg.connect(PG, autocommit=True, connect_timeout=3) as conn:
             conn.execute(f'CREATE DATABASE "{name}"')
