@@ -50,37 +50,35 @@ def unavailable(run_id: str, exc: BaseException, waited: float = 0.0) -> errors.
     )
 
 
+def _retryable(rt: Runtime, batch: Batch, exc: Exception, started: float) -> None:
+    """Return when ``exc`` is an outage the write may ride out; raise otherwise."""
+    if not is_outage(rt, exc):
+        raise exc
+    waited = rt.clock() - started
+    if not batch.deferrable or waited >= rt.ledger_retry:
+        raise unavailable(batch.run_id, exc, waited) from exc
+    log.warning("run %s: ledger write failed (%s); retrying", batch.run_id, exc)
+
+
 def write(rt: Runtime, batch: Batch, apply: Callable[[], T]) -> T:
     """``apply()`` the batch; an outcome batch (``deferrable``) is retried through an outage."""
-    started = rt.clock()
-    pause = FIRST_PAUSE
+    started, pause = rt.clock(), FIRST_PAUSE
     while True:
         try:
             return apply()
         except Exception as exc:
-            if not is_outage(rt, exc):
-                raise
-            waited = rt.clock() - started
-            if not batch.deferrable or waited >= rt.ledger_retry:
-                raise unavailable(batch.run_id, exc, waited) from exc
-            log.warning("run %s: ledger write failed (%s); retrying", batch.run_id, exc)
+            _retryable(rt, batch, exc, started)
         time.sleep(pause)
         pause = min(pause * 2, LONGEST_PAUSE)
 
 
 async def write_async(rt: Runtime, batch: Batch, apply: Callable[[], Awaitable[T]]) -> T:
     """``write`` for the asyncio driver: the pauses do not block the event loop."""
-    started = rt.clock()
-    pause = FIRST_PAUSE
+    started, pause = rt.clock(), FIRST_PAUSE
     while True:
         try:
             return await apply()
         except Exception as exc:
-            if not is_outage(rt, exc):
-                raise
-            waited = rt.clock() - started
-            if not batch.deferrable or waited >= rt.ledger_retry:
-                raise unavailable(batch.run_id, exc, waited) from exc
-            log.warning("run %s: ledger write failed (%s); retrying", batch.run_id, exc)
+            _retryable(rt, batch, exc, started)
         await asyncio.sleep(pause)
         pause = min(pause * 2, LONGEST_PAUSE)
