@@ -49,10 +49,10 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
 
 import effectflow as ef
-from conftest import PG
 from effectflow.ledger.records import StepStatus
 from effectflow.runtime import settle
 from effectflow.runtime.faults import Fault, FaultAction, FaultPlan, FaultPoint, InjectedCrash
+from ledgers import PG
 
 CHILD = Path(app.__file__)
 KINDS = ["sm_post_bounded", "sm_post_unbounded", "sm_put", "sm_pay"]
