@@ -162,3 +162,217 @@ def test_a_failed_step_the_workflow_handled_is_not_executed_again_on_resume(
         run = rt.approve("fo", "refund", approver="ops", approval_id="APR-fo")
         emails = provider.of("email")
         assert (len(emails), run.status) == (1, R.SUCCEEDED), (emails, run.error)
+
+
+# -- re-observation after a conflict that finds nothing left to do ----------------------------------
+
+
+@ef.tool("adv_observe", effect="read")
+def observe(target: str) -> dict[str, Any]:
+    p = prov()
+    with p.lock:
+        seen = {"revision": p.revision, "image": p.image}
+        if p.races:
+            p.races -= 1
+            p.revision += 1
+            p.image = "app:2"  # the other team deployed the very image we wanted
+    return seen
+
+
+@ef.tool(
+    "adv_deploy",
+    effect="external_write",
+    idempotency=ef.Idempotency(supported=True),
+    effect_id="id",
+    retry=FAST,
+)
+def deploy(target: str, image: str, *, precondition: ef.Expect, idempotency_key: str) -> Any:
+    p = prov()
+    with p.lock:
+        if precondition.revision != p.revision:
+            raise ef.Conflict(f"revision is {p.revision}, not {precondition.revision}")
+        p.revision += 1
+        p.image = image
+    return p.commit("deploy", idempotency_key, image=image)
+
+
+@ef.workflow("adv_converge")
+def converge(ctx: ef.Context, image: str) -> str:
+    seen = ctx.call("observe", observe, target="prod")
+    if seen["image"] == image:
+        return "already there"
+    ctx.call(
+        "deploy",
+        deploy,
+        target="prod",
+        image=image,
+        precondition=ef.Expect(revision=seen["revision"]),
+        observe="observe",
+    )
+    return "deployed"
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a write that conflicted (nothing written) and whose re-observation shows nothing left "
+    "to do is flagged workflow_changed when the workflow returns without calling it again",
+)
+def test_a_reobservation_that_finds_the_goal_reached_ends_the_run(
+    db: str, provider: Provider
+) -> None:
+    """Converge prod to app:2: observe (rev 1, app:1), another team deploys app:2 right after, our
+    deploy with Expect(revision=1) conflicts, the run re-observes and now sees app:2, so the
+    workflow returns "already there" without deploying.
+
+    Expected: the run succeeds with "already there"; nothing deployed by us; no attention item (the
+    conflicted call provably changed nothing). README "Preconditions": "re-runs the observation
+    step and writes again on what it now sees".
+    """
+    provider.races = 1
+    with ef.Runtime(db) as rt:
+        run = rt.start(converge, run_id="cv", image="app:2")
+        assert provider.of("deploy") == []
+        assert (run.status, run.output) == (R.SUCCEEDED, "already there"), run.error
+        assert rt.attention() == []
+
+
+# -- a read step that was rejected and caught by the workflow ---------------------------------------
+
+
+@ef.workflow("adv_read_fallback")
+def read_fallback(ctx: ef.Context, customer: str) -> str:
+    try:
+        name = ctx.call("profile", profile, customer=customer)["name"]
+    except ef.StepRejected:
+        name = None
+    if name is None:
+        ctx.call("greet_generic", send_backup, to=f"{customer}: Dear customer")
+    else:
+        ctx.call("greet_personal", send_backup, to=f"{customer}: Dear {name}")
+    ctx.call("refund", refund, amount=5)  # pauses for an approval
+    return "ok"
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a read step recorded as rejected is called again on replay instead of replaying the "
+    "rejection; when it now succeeds the workflow takes the other branch: false workflow_changed "
+    "(and the second branch's email is sent if its step is reached first)",
+)
+def test_a_rejected_read_is_replayed_as_rejected(db: str, provider: Provider) -> None:
+    """The CRM refuses the profile read once (ef.Rejected, recorded as the step's `rejected`); the
+    workflow catches StepRejected and sends the generic greeting; the refund pauses for approval.
+    ``rt.approve`` resumes: the CRM now answers.
+
+    Expected (replay from the record, README "Pure and read results are recorded once and
+    replayed"): the workflow sees the recorded rejection again, reaches the confirmed generic
+    greeting, the refund runs and the run succeeds; the provider holds one greeting.
+    """
+    provider.reject_reads = 1
+    with ef.Runtime(db) as rt:
+        run = rt.start(read_fallback, run_id="rf", customer="c1")
+        assert run.status is R.PAUSED, run.error
+        run = rt.approve("rf", "refund", approver="ops", approval_id="APR-rf")
+        assert len(provider.of("email")) == 1
+        assert run.status is R.SUCCEEDED, run.error
+
+
+# -- a result that cannot be recorded, caught by the workflow ---------------------------------------
+
+
+@ef.tool(
+    "adv_nan_send",
+    effect="external_write",
+    idempotency=ef.Idempotency(supported=True),
+    effect_id="id",
+    retry=FAST,
+)
+def nan_send(to: str, *, idempotency_key: str) -> dict[str, Any]:
+    row = prov().commit("email", idempotency_key, to=to)
+    return {**row, "score": math.nan}
+
+
+@ef.workflow("adv_unrecordable_caught")
+def unrecordable_caught(ctx: ef.Context, to: str) -> str:
+    try:
+        ctx.call("send", nan_send, to=to)
+    except ef.ResultNotRecordable:
+        ctx.call("alert_ops", send_backup, to="ops@example.com")
+    ctx.call("refund", refund, amount=5)  # pauses for an approval
+    return "ok"
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a step whose result could not be recorded raises ResultNotRecordable the first time but "
+    "returns a value on replay, so a workflow that caught it takes the other branch on resume: "
+    "false workflow_changed",
+)
+def test_a_caught_result_not_recordable_replays_the_same_way(db: str, provider: Provider) -> None:
+    """The send commits but returns NaN: the workflow gets ResultNotRecordable (as documented),
+    catches it and alerts ops; the refund pauses for approval. ``rt.approve`` resumes.
+
+    Expected: the replay raises ResultNotRecordable again (or in any case the workflow follows the
+    same path), the run succeeds, one email and one alert at the provider.
+    """
+    with ef.Runtime(db) as rt:
+        run = rt.start(unrecordable_caught, run_id="nr", to="a@example.com")
+        assert run.status is R.PAUSED, run.error
+        run = rt.approve("nr", "refund", approver="ops", approval_id="APR-nr")
+        assert len(provider.of("email")) == 2
+        assert run.status is R.SUCCEEDED, run.error
+
+
+# -- settles_within=NaN ----------------------------------------------------------------------------
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="settles_within=float('nan') is accepted; its bound compares as 'already passed', so "
+    "a lookup's 'not found' is taken as proof while the call still runs: a post per attempt for one call",
+)
+def test_settles_within_nan_is_refused_or_at_least_never_proves_not_found(db: str) -> None:
+    """A non-idempotent post (timeout 0.2 s, the provider commits 0.6 s after the request) with a
+    by-key lookup and settles_within=float("nan") (a config value that parsed as NaN).
+
+    Expected: ef.tool refuses NaN like a negative duration (bad input gets a clear error); failing
+    that, the runtime must never treat "not found" as proof while the call still runs here. What
+    happens: the tool is accepted, each timeout is followed by a not-found lookup taken as proof
+    and a re-send: the provider holds one post per attempt (2) for one logical operation.
+    """
+    posts: list[str] = []
+    lock = threading.Lock()
+
+    @ef.tool("adv_lookup_nan", effect="read")
+    def lookup(*, idempotency_key: str | None = None) -> ef.Lookup:
+        with lock:
+            found = idempotency_key in posts
+        return ef.Lookup.confirmed(external_effect_id="p") if found else ef.Lookup.not_committed()
+
+    try:
+
+        @ef.tool(
+            "adv_post_nan",
+            effect="external_write",
+            confirm=lookup,
+            settles_within=math.nan,
+            timeout=0.2,
+            retry=FAST,
+        )
+        def post(text: str, *, idempotency_key: str) -> dict[str, Any]:
+            time.sleep(0.6)
+            with lock:
+                posts.append(idempotency_key)
+            return {"ok": True}
+
+    except ef.ContractError:
+        return  # refused when declared: the fix
+
+    @ef.workflow("adv_nan_flow")
+    def flow(ctx: ef.Context) -> Any:
+        return ctx.call("post", post, text="hi")
+
+    with ef.Runtime(db) as rt:
+        rt.start(flow, run_id="nan")
+        time.sleep(0.8)  # let every call still running land
+    assert len(posts) <= 1, posts
