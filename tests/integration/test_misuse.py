@@ -33,6 +33,11 @@ def not_a_tool(ctx: ef.Context) -> Any:
     return ctx.call("step", plain, x=1)  # type: ignore[arg-type]
 
 
+@ef.workflow("mis_missing_argument")
+def missing_argument(ctx: ef.Context) -> Any:
+    return ctx.call("post", post)
+
+
 @ef.workflow("mis_needs_input")
 def needs_input(ctx: ef.Context, order_id: str, amount: int = 0) -> Any:
     return ctx.call("post", post, x=amount)
@@ -48,6 +53,7 @@ def _fresh() -> None:
     [
         (swapped, r"the step id comes first and the tool second; write ctx.call\('step', mis_post"),
         (not_a_tool, r"step step: <function plain .*> is not a tool; decorate it"),
+        (missing_argument, r"tool mis_post@1: missing a required argument: 'x'"),
     ],
 )
 def test_a_call_out_of_order_or_of_a_non_tool_fails_the_run_cleanly(
@@ -58,7 +64,7 @@ def test_a_call_out_of_order_or_of_a_non_tool_fails_the_run_cleanly(
         run = rt.start(workflow, run_id="bad")
         assert run.status is ef.RunStatus.FAILED
         assert run.error is not None
-        assert run.error["code"] == "contract_error"
+        assert run.error["code"] in ("contract_error", "bad_argument")
         assert re.search(says, run.error["message"])
         assert run.lease_owner is None
         assert rt.steps("bad") == []

@@ -214,6 +214,10 @@ class ToolContract:
     #: that no bound is known: a lookup can then confirm an effect but never disprove one, and a
     #: person decides. None = not declared.
     settles_within: str | float | None = None
+    #: For guarded calls (``rt.guard``): every host call id is a new request, even with the same
+    #: arguments in the same scope. Off by default: a call regenerated with a new id after the
+    #: host lost the model's turn is the same logical operation, not done twice.
+    each_call_new: bool = False
 
     @property
     def settles_within_seconds(self) -> float | None:
@@ -363,6 +367,22 @@ class Tool(Generic[P, R]):
             bound = self.signature.bind_partial(*args, **kwargs)
         except TypeError as exc:
             raise errors.ArgumentError(f"tool {self.ref}: {exc}") from exc
+        injected = {self.contract.idempotency.key_param, "deadline", "precondition", "tx"}
+        missing = [
+            p.name
+            for p in self.signature.parameters.values()
+            if p.default is p.empty
+            and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+            and p.name not in bound.arguments
+            and p.name not in injected
+        ]
+        if missing:
+            # Refused here, before any intent: a call that cannot even start must not be
+            # recorded, looked up and retried as if it might have been sent.
+            raise errors.ArgumentError(
+                f"tool {self.ref}: missing a required argument: {missing[0]!r}"
+                + (f" (and {missing[1:]})" if len(missing) > 1 else "")
+            )
         named = dict(bound.arguments)
         for param in self.signature.parameters.values():
             if param.kind is param.VAR_KEYWORD and param.name in named:
@@ -396,6 +416,7 @@ def tool(
     cancel: Tool[..., Any] | str | None = None,
     durable: bool = False,
     settles_within: str | float | None = None,
+    each_call_new: bool = False,
     register: bool = True,
 ) -> Callable[[Callable[P, R]], Tool[P, R]]:
     """Declare a tool and its side-effect contract (DESIGN §6).
@@ -434,6 +455,7 @@ def tool(
         cancel=_ref_of(cancel),
         durable=durable,
         settles_within=settles_within,
+        each_call_new=each_call_new,
     )
 
     def decorate(fn: Callable[P, R]) -> Tool[P, R]:
