@@ -37,6 +37,7 @@ from effectflow.errors import (
     IdempotencyConflict,
     LeaseLost,
     LedgerUnavailable,
+    NeedsPerson,
     NotCommitted,
     OutcomeUnknown,
     Rejected,
@@ -61,6 +62,7 @@ from effectflow.ledger.records import (
     StepStatus,
 )
 from effectflow.runtime.context import AsyncContext, Context
+from effectflow.runtime.guard import Guarded
 from effectflow.runtime.runtime import Runtime
 
 Retry = RetryPolicy
@@ -88,6 +90,7 @@ __all__ = [
     "EffectRecord",
     "EffectflowError",
     "Expect",
+    "Guarded",
     "Idempotency",
     "IdempotencyConflict",
     "Inventory",
@@ -96,6 +99,7 @@ __all__ = [
     "LocalTransaction",
     "Lookup",
     "LookupStatus",
+    "NeedsPerson",
     "NextAction",
     "NotCommitted",
     "OutcomeUnknown",

@@ -12,6 +12,7 @@ The tree::
     ├── StaleState                  stale_state     an action names a version or state that has moved on
     ├── CommitInDoubt               commit_in_doubt  a local transaction's COMMIT got no answer
     ├── LeaseLost                   lease_lost      this process no longer owns the run: it commits nothing
+    ├── NeedsPerson                 needs_person    a guarded call waits for a person (in doubt, approval)
     ├── LedgerUnavailable           ledger_unavailable  the ledger stayed away: left for recovery
     └── StepFailed                  step_failed     what ``ctx.call`` raises inside a workflow
         ├── StepRejected            step_rejected   the provider said no; never retried
@@ -168,6 +169,32 @@ class LedgerUnavailable(EffectflowError):
     ``rt.recover()`` settles its steps by the decision table."""
 
     code = "ledger_unavailable"
+
+
+class NeedsPerson(EffectflowError):
+    """A guarded call cannot answer without a person: its effect may have happened (``kind``
+    ``in_doubt``), or it waits for an approval (``approval``). Carries what an adapter needs to
+    ask the host's human-in-the-loop mechanism, and what to tell the model meanwhile."""
+
+    code = "needs_person"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        run_id: str,
+        step_id: str,
+        effect_id: str | None,
+        kind: str,
+        for_model: str,
+    ) -> None:
+        super().__init__(message, run_id=run_id, step_id=step_id, effect_id=effect_id)
+        #: ``in_doubt`` (settle with ``rt.resolve``) or ``approval`` (``rt.approve``).
+        self.kind = kind
+        #: What the host tells the model instead of a result.
+        self.for_model = for_model
+        #: What a person does: ``resolve`` or ``approve``.
+        self.next_action = "approve" if kind == "approval" else "resolve"
 
 
 class StepFailed(EffectflowError):

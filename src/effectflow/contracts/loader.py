@@ -236,6 +236,7 @@ def _tool_contract(entry: _yaml_lines.Entry) -> tool_mod.ToolContract:
         compensation=compensation,
         timeout=body.get("timeout"),
         settles_within=body.get("settles_within"),
+        each_call_new=body.get("each_call_new", False),
         retry=retry,
         external_system=body.get("external_system"),
         target=body.get("target"),

@@ -14,11 +14,12 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from effectflow import digests, errors
 from effectflow.contracts import registry as registry_module
+from effectflow.contracts.tool import Tool
 from effectflow.contracts.workflow import Workflow
 from effectflow.ledger import records
 from effectflow.ledger.local import LocalTransaction
@@ -26,6 +27,7 @@ from effectflow.ledger.records import NextAction, RunStatus, StepStatus
 from effectflow.ledger.store import AuditProblem, Batch, LedgerStore, open_store
 from effectflow.runtime import context, ending, engine, outage, people, requests, views
 from effectflow.runtime import group_commit as group_commit_mod
+from effectflow.runtime import guard as guard_mod
 from effectflow.runtime import leases as leases_mod
 from effectflow.runtime import state as state_mod
 from effectflow.runtime.faults import NO_FAULTS, FaultPlan
@@ -116,6 +118,8 @@ class Runtime:
         self.registry = registry or registry_module.DEFAULT
         #: This process's identity as a lease owner.
         self.owner = f"{_host()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        # Every runtime can run (and recover) guarded calls.
+        self.registry.add_workflow(guard_mod.WORKFLOW)
         #: The runs this runtime executes now, and the heartbeat renewing their leases.
         self.leases = leases_mod.Leases(self)
         #: Shares transactions between the writes of runs executed concurrently on threads (None:
@@ -186,6 +190,49 @@ class Runtime:
         if run.status is not RunStatus.RUNNING or (not fresh and self.leases.holds(run.run_id)):
             return run  # as in ``start``
         return await self._drive_async(run, workflow, claimed=fresh)
+
+    def guard(
+        self,
+        tool: Tool[..., Any] | str,
+        arguments: Mapping[str, Any],
+        /,
+        *,
+        scope: str,
+        call_id: str,
+    ) -> guard_mod.Guarded:
+        """Run one contracted tool call through the whole write path when the host (an agent
+        framework, a durable engine) owns the control flow, and return its recorded result.
+
+        ``scope`` is the host's durable identity (a thread and checkpoint namespace, a workflow
+        id, a session) and ``call_id`` the call's (the model's tool-call id, the host's step id).
+        The same pair again — a host replay — is the same call: its recorded result, or the
+        settling of the call left in doubt by the decision table; never a second effect. A new
+        call id with the same tool and arguments in the scope (a call regenerated after the host
+        lost the model's turn) is the same logical operation unless the contract says
+        ``each_call_new``. Each call is a run of ``effectflow.guarded_call``: ``runs``, ``show``,
+        the API and the console list it, its input naming scope and call id.
+
+        Raises:
+            errors.NeedsPerson: the call may have happened and a person must say, or it waits
+                for an approval; ``rt.resolve`` / ``rt.approve`` answer it, the next replay
+                returns the result.
+            errors.ArgumentError, errors.ContractError: bad input; nothing was recorded.
+            errors.StepFailed: the provider refused (``StepRejected``), or nothing committed and
+                the retry budget is spent.
+        """
+        return guard_mod.call(self, tool, arguments, scope=scope, call_id=call_id)
+
+    async def guard_async(
+        self,
+        tool: Tool[..., Any] | str,
+        arguments: Mapping[str, Any],
+        /,
+        *,
+        scope: str,
+        call_id: str,
+    ) -> guard_mod.Guarded:
+        """The asyncio twin of ``guard`` (the call runs on a worker thread, off the loop)."""
+        return await guard_mod.call_async(self, tool, arguments, scope=scope, call_id=call_id)
 
     def submit(
         self, workflow: Workflow[..., Any], /, *, run_id: str | None = None, **input: Any

@@ -1,0 +1,246 @@
+"""The guarded call: one contracted tool call through the whole write path, when the *host* (a
+LangGraph graph, an agent SDK, a durable engine) owns the control flow (DESIGN §10).
+
+The host gives its durable identity: a ``scope`` (a thread and checkpoint namespace, a workflow id,
+a session) and a ``call_id`` (the model's tool-call id, the host's step id). Each (scope, call id)
+is one effectflow run of the built-in workflow ``effectflow.guarded_call`` with one step, so
+everything a workflow step has, a guarded call has too: the intent before the call, the key, the
+decision table after it, recovery by any worker, the audit chain, the operator's views.
+
+- The same scope and call id again (a host replay) is the same run: its recorded result, or the
+  settling of a call left in doubt (by key, by lookup, or by a person) — never a second effect.
+- A new call id with the same tool and canonical arguments in the same scope (a *regenerated*
+  call: the host lost the model's turn and asked again) is by default the same logical operation:
+  its run answers with the first call's result, or says it is being checked. A contract with
+  ``each_call_new=True`` makes every call id a new request.
+- What needs a person (an effect that may have happened, an approval) comes back as
+  ``NeedsPerson``, which adapters map to the host's own human-in-the-loop mechanism; the answer
+  goes through ``rt.resolve`` / ``rt.approve``, and the next replay picks it up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from effectflow import digests, errors
+from effectflow.contracts import workflow as workflow_mod
+from effectflow.contracts.tool import Tool
+from effectflow.ledger import records
+from effectflow.ledger.records import RunStatus, StepStatus
+
+if TYPE_CHECKING:
+    from effectflow.runtime.context import Context
+    from effectflow.runtime.runtime import Runtime
+
+#: The built-in workflow every guarded call runs as.
+WORKFLOW_NAME = "effectflow.guarded_call"
+#: Its one step.
+STEP_ID = "call"
+#: What a model is told about a call that may or may not have happened (DESIGN §8).
+MAY_HAVE_HAPPENED = "this may or may not have happened; do not repeat it; it is being checked"
+#: What a model is told about a call waiting for a person's approval.
+WAITS_FOR_APPROVAL = "this needs a person's approval before it is done; do not repeat it"
+#: How long a replay waits for the same call that another live process is executing (seconds).
+IN_PROGRESS_WAIT = 30.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Guarded:
+    """A guarded call that is done: its recorded result."""
+
+    #: The tool's result, as recorded (replays return this very value).
+    value: Any
+    #: The run that records the call (one per scope and call id).
+    run_id: str
+    #: The External Effect Record of the call (None for pure and read tools).
+    effect_id: str | None
+    #: Whether this answer is the same logical operation done earlier under another call id
+    #: (a regenerated call), not a call of its own.
+    deduplicated: bool
+
+
+def _run(ctx: Context, tool: str, arguments: dict[str, Any], scope: str, call_id: str) -> Any:
+    """The built-in workflow: one step, the contracted call, under its logical operation."""
+    made = ctx._state.runtime.registry.tool(tool)
+    op_id = operation_id(made, arguments, scope, call_id)
+    return ctx.call(STEP_ID, made, operation_id=op_id, **arguments)
+
+
+#: The workflow every runtime registers (``Runtime`` adds it to its registry).
+WORKFLOW: workflow_mod.Workflow[..., Any] = workflow_mod.Workflow(_run, WORKFLOW_NAME, "1")
+
+
+def request_digest(tool: Tool[..., Any], arguments: dict[str, Any]) -> str:
+    """The digest the write path computes for this call (positional or keyword alike)."""
+    payload = digests.to_jsonable(tool.bind_arguments((), arguments), path=f"{tool.name}.args")
+    return "sha256:" + digests.sha256_hex(digests.canonical_json(payload))
+
+
+def operation_id(tool: Tool[..., Any], arguments: dict[str, Any], scope: str, call_id: str) -> str:
+    """The logical operation of a guarded call: the tool and its canonical arguments in the scope
+    (so a regenerated call is the same operation), or the call id when every call is new."""
+    if tool.contract.each_call_new:
+        return f"guard:{scope}:{call_id}"
+    return f"guard:{scope}:{tool.name}:{request_digest(tool, arguments)}"
+
+
+def run_id_of(tenant: str, scope: str, call_id: str) -> str:
+    """The run that records (scope, call id): a digest, so any host id fits in a URL."""
+    return "guard-" + digests.sha256_hex(digests.canonical_json([tenant, scope, call_id]))[:24]
+
+
+def _checked(rt: Runtime, tool: Tool[..., Any] | str, scope: Any, call_id: Any) -> Tool[..., Any]:
+    """The tool to call, after refusing what cannot be a guarded call (nothing is recorded)."""
+    for name, value in (("scope", scope), ("call_id", call_id)):
+        if not isinstance(value, str) or not value.strip():
+            raise errors.ArgumentError(
+                f"guarded call: {name} must be a non-empty string (the host's durable id), not "
+                f"{value!r}; nothing was recorded"
+            )
+    if isinstance(tool, str):
+        return rt.registry.tool(tool)
+    if not isinstance(tool, Tool):
+        raise errors.ContractError(
+            f"guarded call: {tool!r} is not a tool; decorate it with @ef.tool(...) so its "
+            "side-effect contract is known. Nothing was recorded."
+        )
+    try:
+        known = rt.registry.tool(tool.ref)
+    except errors.ContractError:
+        rt.registry.add_tool(tool)  # a worker recovering the call must find it the same way
+        return tool
+    if known is not tool and known.fn.__qualname__ != tool.fn.__qualname__:
+        raise errors.ContractError(
+            f"guarded call: another tool is registered as {tool.ref} "
+            f"({known.fn.__qualname__}); give this one another name or version"
+        )
+    return known
+
+
+def call(
+    rt: Runtime,
+    tool: Tool[..., Any] | str,
+    arguments: Mapping[str, Any],
+    *,
+    scope: str,
+    call_id: str,
+) -> Guarded:
+    """``Runtime.guard`` (documented there)."""
+    made = _checked(rt, tool, scope, call_id)
+    if not isinstance(arguments, Mapping):
+        raise errors.ArgumentError(
+            f"guarded call of {made.ref}: arguments must be a mapping of parameter names to "
+            f"values, not {type(arguments).__name__}; nothing was recorded"
+        )
+    named = made.bind_arguments((), dict(arguments))  # wrong arguments: ArgumentError, no run
+    normalized = digests.to_jsonable(named, path=f"{made.name}.args")
+    run_id = run_id_of(rt.tenant, scope, call_id)
+    earlier = _regenerated(rt, made, normalized, scope, call_id, run_id)
+    if earlier is not None:
+        return earlier
+    input = {"tool": made.ref, "arguments": normalized, "scope": scope, "call_id": call_id}
+    deadline = time.monotonic() + IN_PROGRESS_WAIT
+    while True:
+        try:
+            run = rt.start(WORKFLOW, run_id=run_id, **input)
+        except errors.LeaseLost:
+            # The same call is being executed by another live process: wait for its answer.
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+            continue
+        if run.status is not RunStatus.RUNNING or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)  # another thread here executes it: ask again once it ended
+    return answer(rt, run)
+
+
+async def call_async(
+    rt: Runtime,
+    tool: Tool[..., Any] | str,
+    arguments: Mapping[str, Any],
+    *,
+    scope: str,
+    call_id: str,
+) -> Guarded:
+    """``Runtime.guard_async``: the guarded call without blocking the caller's event loop."""
+    return await asyncio.to_thread(call, rt, tool, arguments, scope=scope, call_id=call_id)
+
+
+def _regenerated(
+    rt: Runtime,
+    tool: Tool[..., Any],
+    arguments: dict[str, Any],
+    scope: str,
+    call_id: str,
+    run_id: str,
+) -> Guarded | None:
+    """A new call id for an operation another call of this scope already did, or is doing."""
+    if tool.contract.each_call_new or rt.store.get_run(run_id, tenant=rt.tenant) is not None:
+        return None
+    binding = rt.store.get_operation(rt.tenant, operation_id(tool, arguments, scope, call_id))
+    if binding is None or binding.run_id == run_id:
+        return None
+    first = next((s for s in rt.store.steps(binding.run_id) if s.step_id == binding.step_id), None)
+    if first is None or first.status is StepStatus.CONFIRMED:
+        return None  # confirmed: its own run records this call id as a deduplicated answer
+    raise errors.NeedsPerson(
+        f"the same call ({tool.ref} with the same arguments in scope {scope!r}) was made as call "
+        f"{binding.run_id} and may have happened: it is being checked, not done again",
+        run_id=binding.run_id,
+        step_id=first.step_id,
+        effect_id=first.effect_id,
+        kind="in_doubt",
+        for_model=MAY_HAVE_HAPPENED,
+    )
+
+
+def answer(rt: Runtime, run: records.RunRecord) -> Guarded:
+    """What the host gets for the guarded call's run as it stands."""
+    if run.status is RunStatus.PAUSED and _settled_since(rt, run):
+        run = rt.resume(run.run_id, by="guarded call")
+    steps = {s.step_id: s for s in rt.store.steps(run.run_id)}
+    step = steps.get(STEP_ID)
+    if run.status is RunStatus.SUCCEEDED and step is not None:
+        deduplicated = any(e.kind == "deduplicated" for e in rt.store.audit(run.run_id))
+        return Guarded(run.output, run.run_id, step.effect_id, deduplicated)
+    error = run.error or {}
+    if run.status is RunStatus.PAUSED:
+        approval = error.get("code") == "approval_required"
+        raise errors.NeedsPerson(
+            str(error.get("message", "a person must decide")),
+            run_id=run.run_id,
+            step_id=STEP_ID,
+            effect_id=None if step is None else step.effect_id,
+            kind="approval" if approval else "in_doubt",
+            for_model=WAITS_FOR_APPROVAL if approval else MAY_HAVE_HAPPENED,
+        )
+    if run.status is RunStatus.RUNNING:
+        raise errors.LeaseLost(
+            f"the guarded call {run.run_id} is being executed by {run.lease_owner}; ask again "
+            "once it ends",
+            run_id=run.run_id,
+        )
+    code = str(error.get("code", "step_failed"))
+    failure = {
+        "step_rejected": errors.StepRejected,
+        "retry_budget_exhausted": errors.RetryBudgetExhausted,
+        "idempotency_conflict": errors.IdempotencyConflict,
+        "result_not_recordable": errors.ResultNotRecordable,
+        "contract_error": errors.ContractError,
+    }.get(code, errors.StepFailed)
+    raise failure(
+        f"guarded call {run.run_id} {run.status}: {error.get('message', '')}",
+        run_id=run.run_id,
+        step_id=STEP_ID,
+    )
+
+
+def _settled_since(rt: Runtime, run: records.RunRecord) -> bool:
+    """Whether the step a paused guarded call waited on was settled by a person since."""
+    step = next((s for s in rt.store.steps(run.run_id) if s.step_id == STEP_ID), None)
+    return step is not None and step.status in (StepStatus.CONFIRMED, StepStatus.NOT_COMMITTED)
