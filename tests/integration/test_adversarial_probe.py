@@ -376,3 +376,102 @@ def test_settles_within_nan_is_refused_or_at_least_never_proves_not_found(db: st
         rt.start(flow, run_id="nan")
         time.sleep(0.8)  # let every call still running land
     assert len(posts) <= 1, posts
+
+
+# -- settles_within is counted from the attempt's record, not from when the call was sent -----------
+
+
+class Posts:
+    """A provider that never deduplicates and commits ``latency`` s after a request arrives (so
+    within its declared bound of 2 s), searchable by the tag (the key) the caller sent."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.latency = 1.5
+        self.posts: list[str] = []
+        self.arrivals: list[float] = []
+
+
+POSTS: list[Posts] = []
+
+
+@ef.tool("adv_find_post", effect="read")
+def find_post(*, idempotency_key: str | None = None) -> ef.Lookup:
+    p = POSTS[-1]
+    with p.lock:
+        found = idempotency_key in p.posts
+    return ef.Lookup.confirmed(external_effect_id="post") if found else ef.Lookup.not_committed()
+
+
+@ef.tool("adv_hold_ledger", effect="pure")
+def hold_ledger(path: str, seconds: float) -> str:
+    """Another writer (a second worker on the same SQLite file) holds the write lock for a while,
+    starting now: the next commit of this run (its intent) waits for it."""
+    import sqlite3
+
+    held = threading.Event()
+
+    def hold() -> None:
+        conn = sqlite3.connect(path, isolation_level=None)
+        conn.execute("BEGIN IMMEDIATE")
+        held.set()
+        time.sleep(seconds)
+        conn.execute("COMMIT")
+        conn.close()
+
+    threading.Thread(target=hold, daemon=True).start()
+    held.wait(5)
+    return "held"
+
+
+@ef.tool(
+    "adv_post_bounded",
+    effect="external_write",
+    confirm=find_post,
+    effect_id="post",
+    timeout=1,
+    settles_within=2,
+    retry=ef.RetryPolicy(max_attempts=2, max_lookups=2, initial_backoff=0.01, max_backoff=0.02),
+)
+def post_bounded(text: str, *, idempotency_key: str) -> dict[str, Any]:
+    p = POSTS[-1]
+    with p.lock:
+        p.arrivals.append(time.time())
+    time.sleep(p.latency)
+    with p.lock:
+        p.posts.append(idempotency_key)
+    return {"post": f"p{len(p.posts)}"}
+
+
+@ef.workflow("adv_slow_intent")
+def slow_intent(ctx: ef.Context, path: str) -> Any:
+    ctx.call("hold", hold_ledger, path=path, seconds=1.5)
+    return ctx.call("post", post_bounded, text="hello")
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="settles_within is counted from the attempt's started_at, taken before the intent "
+    "commit; a slow intent commit (a lock held by another writer) makes the bound pass before "
+    "the provider's own bound, while the call still runs here: not-found taken as proof, re-sent",
+)
+def test_settles_within_counts_from_when_the_call_was_sent(tmp_path: Path) -> None:
+    """settles_within=2, timeout=1, the provider commits 1.5 s after the request arrives (inside
+    its bound). Another writer holds the SQLite ledger's write lock for 1.5 s just as the run
+    records its intent, so the call is sent 1.5 s after its attempt's recorded start.
+
+    Expected: the call's bound runs from when it was sent (or the call still running in this
+    process is waited for): one post at the provider, the step confirmed. What happens: at the
+    timeout the bound (start + 2) has already passed, the lookup finds nothing, that is taken as
+    proof, and the post is sent again: two posts for one logical operation.
+    """
+    POSTS.append(Posts())
+    path = tmp_path / "ledger.db"
+    try:
+        with ef.Runtime(f"sqlite:///{path}") as rt:
+            run = rt.start(slow_intent, run_id="si", path=str(path))
+            time.sleep(0.3 + 1.5 * (len(POSTS[-1].arrivals) > 1))
+            posts = list(POSTS[-1].posts)
+            assert len(posts) == 1 and run.status is R.SUCCEEDED, (posts, run.error)
+    finally:
+        POSTS.pop()
