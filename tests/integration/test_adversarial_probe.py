@@ -475,3 +475,125 @@ def test_settles_within_counts_from_when_the_call_was_sent(tmp_path: Path) -> No
             assert len(posts) == 1 and run.status is R.SUCCEEDED, (posts, run.error)
     finally:
         POSTS.pop()
+
+
+# -- sound: an async workflow's gather, one branch pausing for an approval while the other calls ----
+
+
+@ef.tool(
+    "adv_send_async",
+    effect="external_write",
+    idempotency=ef.Idempotency(supported=True),
+    effect_id="id",
+    retry=FAST,
+)
+async def send_async(to: str, *, idempotency_key: str) -> dict[str, Any]:
+    import asyncio
+
+    await asyncio.sleep(0.3)
+    return prov().commit("email", idempotency_key, to=to)
+
+
+@ef.workflow("adv_gather")
+async def gather_flow(ctx: ef.AsyncContext, to: str) -> Any:
+    import asyncio
+
+    sent, _ = await asyncio.gather(
+        ctx.call("send", send_async, to=to), ctx.call("refund", refund, amount=5)
+    )
+    return sent
+
+
+def test_a_gathered_call_cut_short_by_an_approval_pause_stays_in_sight(
+    db: str, provider: Provider
+) -> None:
+    """asyncio.gather(send, refund): the refund pauses for an approval while the send is in its
+    call; the run's loop ends and the send's task is cancelled mid-call. The send's effect must be
+    listed by rt.attention() while the run waits, and after the approval the run succeeds with one
+    email (retried with its original key)."""
+    with ef.Runtime(db) as rt:
+        run = rt.start(gather_flow, run_id="ga", to="a@example.com")
+        assert run.status is R.PAUSED
+        [send] = [s for s in rt.steps("ga") if s.step_id == "send"]
+        if send.status is not S.CONFIRMED:
+            assert send.effect_id in [i.effect_id for i in rt.attention()]
+        run = rt.approve("ga", "refund", approver="ops", approval_id="APR-ga")
+        assert run.status is R.SUCCEEDED, run.error
+    assert len(provider.of("email")) == 1
+    assert len(provider.of("refund")) == 1
+
+
+# -- a person's "not committed" while the call still runs here; then its late commit ----------------
+
+
+@ef.tool(
+    "adv_post_unbounded",
+    effect="external_write",
+    confirm=find_post,
+    effect_id="post",
+    timeout=0.2,
+    settles_within="unbounded",
+    retry=ef.RetryPolicy(max_attempts=2, max_lookups=1, initial_backoff=0.01, max_backoff=0.02),
+)
+def post_unbounded(text: str, *, idempotency_key: str) -> dict[str, Any]:
+    p = POSTS[-1]
+    time.sleep(p.latency)
+    with p.lock:
+        p.posts.append(idempotency_key)
+    return {"post": f"p{len(p.posts)}"}
+
+
+@ef.workflow("adv_hung")
+def hung(ctx: ef.Context) -> Any:
+    return ctx.call("post", post_unbounded, text="hello")
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a committed late answer arriving after a person resolved the effect not_committed is "
+    "only an audit event: the effect the provider holds is out of sight (not in attention) and "
+    "rt.resume sends it again",
+)
+def test_a_late_commit_after_a_not_committed_resolution_is_not_lost(
+    db: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An unbounded, non-idempotent post hangs 1 s (timeout 0.2): the lookup finds nothing, the
+    run pauses for a person while the call still runs in this process. Alice resolves it
+    committed=False (she looked and saw nothing yet). Then the call commits and its late answer
+    comes back: a fact contradicting her decision.
+
+    Expected (DESIGN §9, no effect out of sight; never two effects): the contradicted effect is
+    listed by rt.attention() (or confirmed), and rt.resume does not post a second time.
+    """
+    from effectflow.runtime import settle
+
+    monkeypatch.setattr(settle, "LATE_ANSWER_WAIT", 0.1)
+    POSTS.append(Posts())
+    POSTS[-1].latency = 1.0
+    try:
+        with ef.Runtime(db) as rt:
+            run = rt.start(hung, run_id="hg")
+            assert run.status is R.PAUSED, run.error
+            [step] = rt.steps("hg")
+            assert step.effect_id is not None
+            effect = next(e for e in rt.effects(run_id="hg"))
+            rt.resolve(
+                effect.effect_id,
+                committed=False,
+                evidence={"seen_in": "provider dashboard"},
+                by="alice",
+                expected_version=effect.version,
+            )
+            deadline = time.time() + 5
+            while not POSTS[-1].posts and time.time() < deadline:
+                time.sleep(0.05)
+            time.sleep(0.3)  # the late answer is recorded
+            [effect] = rt.effects(run_id="hg")
+            listed = effect.effect_id in [i.effect_id for i in rt.attention()]
+            in_sight = listed or effect.status is S.CONFIRMED
+            rt.resume("hg")
+            time.sleep(1.2)
+            posts = len(POSTS[-1].posts)
+            assert (in_sight, posts) == (True, 1), (effect.status, posts)
+    finally:
+        POSTS.pop()
