@@ -597,3 +597,74 @@ def test_a_late_commit_after_a_not_committed_resolution_is_not_lost(
             assert (in_sight, posts) == (True, 1), (effect.status, posts)
     finally:
         POSTS.pop()
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a cancelled run whose in-doubt call then lands late (confirmed by its late answer) "
+    "stays cancelled_pending_reconciliation for good: rt.reconcile() no longer sees an in-doubt "
+    "step, so the run never concludes (cancelled_with_effects) nor applies its cancel policy",
+)
+def test_a_cancelled_run_whose_call_lands_late_concludes(
+    db: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The unbounded post hangs 1 s; the run pauses for a person while the call still runs here.
+    The operator cancels: the one lookup finds nothing that proves anything, so the run is
+    cancelled_pending_reconciliation with the effect unknown. The call then commits and its late
+    answer confirms the effect (attention empties, as it should).
+
+    Expected: rt.reconcile() (README: "moved on by rt.reconcile or a person's rt.resolve") moves
+    the run to cancelled_with_effects, the effect in its inventory as confirmed. One post.
+    """
+    from effectflow.runtime import settle
+
+    monkeypatch.setattr(settle, "LATE_ANSWER_WAIT", 0.1)
+    POSTS.append(Posts())
+    POSTS[-1].latency = 1.0
+    try:
+        with ef.Runtime(db) as rt:
+            assert rt.start(hung, run_id="cl").status is R.PAUSED
+            inv = rt.cancel("cl", reason="customer left")
+            assert inv.status is R.CANCELLED_PENDING_RECONCILIATION
+            deadline = time.time() + 5
+            while rt.effects(run_id="cl")[0].status is not S.CONFIRMED and time.time() < deadline:
+                time.sleep(0.05)
+            assert rt.attention() == []
+            rt.reconcile()
+            assert len(POSTS[-1].posts) == 1
+            assert rt.run("cl").status is R.CANCELLED_WITH_EFFECTS
+    finally:
+        POSTS.pop()
+
+
+# -- sound: loops and branches on recorded reads, across an approval pause --------------------------
+
+
+@ef.workflow("adv_loop_branch")
+def loop_branch(ctx: ef.Context, customers: list[str]) -> int:
+    sent = 0
+    for c in customers:
+        name = ctx.call(f"profile_{c}", profile, customer=c)["name"]
+        if name == "Ada":
+            ctx.call(f"greet_{c}", send_backup, to=f"{c}: Dear {name}")
+            sent += 1
+        else:
+            ctx.call(f"generic_{c}", send_primary, to=c)
+    ctx.call("refund", refund, amount=len(customers))
+    ctx.call("final_note", send_backup, to="ops@example.com")
+    return sent
+
+
+def test_loops_and_branches_on_recorded_reads_resume_without_a_false_alarm(
+    db: str, provider: Provider
+) -> None:
+    """A loop over three customers, each a read then a branch to one of two writes, then an
+    approval pause, then one more write: after rt.approve the run succeeds (no workflow_changed),
+    and the provider holds one email per customer plus the final note, one refund."""
+    with ef.Runtime(db) as rt:
+        run = rt.start(loop_branch, run_id="lb", customers=["c1", "c2", "c3"])
+        assert run.status is R.PAUSED, run.error
+        run = rt.approve("lb", "refund", approver="ops", approval_id="APR-lb")
+        assert (run.status, run.output) == (R.SUCCEEDED, 3), run.error
+    assert len(provider.of("email")) == 4
+    assert len(provider.of("refund")) == 1
