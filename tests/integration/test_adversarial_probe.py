@@ -16,7 +16,6 @@ from typing import Any
 import pytest
 
 import effectflow as ef
-from effectflow.ledger.records import StepStatus
 
 S = ef.StepStatus
 R = ef.RunStatus
@@ -472,7 +471,7 @@ def test_settles_within_counts_from_when_the_call_was_sent(tmp_path: Path) -> No
             run = rt.start(slow_intent, run_id="si", path=str(path))
             time.sleep(0.3 + 1.5 * (len(POSTS[-1].arrivals) > 1))
             posts = list(POSTS[-1].posts)
-            assert len(posts) == 1 and run.status is R.SUCCEEDED, (posts, run.error)
+            assert (len(posts), run.status) == (1, R.SUCCEEDED), (posts, run.error)
     finally:
         POSTS.pop()
 
