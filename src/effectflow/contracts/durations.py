@@ -4,6 +4,7 @@ and deadlines."""
 from __future__ import annotations
 
 import datetime as dt
+import math
 import re
 
 from effectflow import errors
@@ -42,6 +43,8 @@ def parse_duration(value: str | float | int | dt.timedelta, *, field: str = "dur
         )
     else:
         raise errors.ContractError(f"{field}: {value!r} is not a duration; write e.g. 'PT24H'")
+    if not math.isfinite(seconds):
+        raise errors.ContractError(f"{field}: {value!r} is not a finite duration")
     if seconds < 0:
         raise errors.ContractError(f"{field}: a duration cannot be negative ({value!r})")
     return seconds

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import inspect
+import math
 from collections.abc import Callable, Sequence
 from typing import Any, Generic, Literal, ParamSpec, TypeVar
 
@@ -253,7 +254,7 @@ class ToolContract:
             self.idempotency.retention_seconds  # noqa: B018 - parses, raising ContractError if bad
         if self.compensation is not None and self.compensation.deadline is not None:
             durations.parse_duration(self.compensation.deadline, field="compensation.deadline")
-        if self.timeout is not None and self.timeout <= 0:
+        if self.timeout is not None and not (0 < self.timeout < math.inf):
             raise errors.ContractError(f"tool {self.ref}: timeout must be positive seconds")
         if self.settles_within is not None and self.settles_within != UNBOUNDED:
             try:
