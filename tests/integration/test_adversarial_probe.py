@@ -1,7 +1,7 @@
 """Adversarial probes of today's changes (late answers, settles_within, workflow-changed detection,
 compare-and-swap decisions, outages). Each test checks the provider's own records, not the
-ledger's opinion. A test marked xfail(strict=True) is a finding: it fails until src/ is fixed.
-Tests without the mark probed an edge and found it sound.
+ledger's opinion. Eight were findings (they failed until src/ was fixed, and now guard the fixes);
+the gathered-call and loops-and-branches tests probed edges that held.
 """
 
 from __future__ import annotations
@@ -136,12 +136,6 @@ def failover(ctx: ef.Context, to: str) -> dict[str, Any]:
     return sent
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a write step that exhausted its retries and whose RetryBudgetExhausted the workflow "
-    "caught is re-executed (fresh budget) when the run resumes after a later approval: a second "
-    "email behind the workflow's back, then a false workflow_changed",
-)
 def test_a_failed_step_the_workflow_handled_is_not_executed_again_on_resume(
     db: str, provider: Provider
 ) -> None:
@@ -211,11 +205,6 @@ def converge(ctx: ef.Context, image: str) -> str:
     return "deployed"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a write that conflicted (nothing written) and whose re-observation shows nothing left "
-    "to do is flagged workflow_changed when the workflow returns without calling it again",
-)
 def test_a_reobservation_that_finds_the_goal_reached_ends_the_run(
     db: str, provider: Provider
 ) -> None:
@@ -252,12 +241,6 @@ def read_fallback(ctx: ef.Context, customer: str) -> str:
     return "ok"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a read step recorded as rejected is called again on replay instead of replaying the "
-    "rejection; when it now succeeds the workflow takes the other branch: false workflow_changed "
-    "(and the second branch's email is sent if its step is reached first)",
-)
 def test_a_rejected_read_is_replayed_as_rejected(db: str, provider: Provider) -> None:
     """The CRM refuses the profile read once (ef.Rejected, recorded as the step's `rejected`); the
     workflow catches StepRejected and sends the generic greeting; the refund pauses for approval.
@@ -301,12 +284,6 @@ def unrecordable_caught(ctx: ef.Context, to: str) -> str:
     return "ok"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a step whose result could not be recorded raises ResultNotRecordable the first time but "
-    "returns a value on replay, so a workflow that caught it takes the other branch on resume: "
-    "false workflow_changed",
-)
 def test_a_caught_result_not_recordable_replays_the_same_way(db: str, provider: Provider) -> None:
     """The send commits but returns NaN: the workflow gets ResultNotRecordable (as documented),
     catches it and alerts ops; the refund pauses for approval. ``rt.approve`` resumes.
@@ -325,11 +302,6 @@ def test_a_caught_result_not_recordable_replays_the_same_way(db: str, provider: 
 # -- settles_within=NaN ----------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="settles_within=float('nan') is accepted; its bound compares as 'already passed', so "
-    "a lookup's 'not found' is taken as proof while the call still runs: a post per attempt for one call",
-)
 def test_settles_within_nan_is_refused_or_at_least_never_proves_not_found(db: str) -> None:
     """A non-idempotent post (timeout 0.2 s, the provider commits 0.6 s after the request) with a
     by-key lookup and settles_within=float("nan") (a config value that parsed as NaN).
@@ -448,12 +420,6 @@ def slow_intent(ctx: ef.Context, path: str) -> Any:
     return ctx.call("post", post_bounded, text="hello")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="settles_within is counted from the attempt's started_at, taken before the intent "
-    "commit; a slow intent commit (a lock held by another writer) makes the bound pass before "
-    "the provider's own bound, while the call still runs here: not-found taken as proof, re-sent",
-)
 def test_settles_within_counts_from_when_the_call_was_sent(tmp_path: Path) -> None:
     """settles_within=2, timeout=1, the provider commits 1.5 s after the request arrives (inside
     its bound). Another writer holds the SQLite ledger's write lock for 1.5 s just as the run
@@ -547,12 +513,6 @@ def hung(ctx: ef.Context) -> Any:
     return ctx.call("post", post_unbounded, text="hello")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a committed late answer arriving after a person resolved the effect not_committed is "
-    "only an audit event: the effect the provider holds is out of sight (not in attention) and "
-    "rt.resume sends it again",
-)
 def test_a_late_commit_after_a_not_committed_resolution_is_not_lost(
     db: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -598,12 +558,6 @@ def test_a_late_commit_after_a_not_committed_resolution_is_not_lost(
         POSTS.pop()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a cancelled run whose in-doubt call then lands late (confirmed by its late answer) "
-    "stays cancelled_pending_reconciliation for good: rt.reconcile() no longer sees an in-doubt "
-    "step, so the run never concludes (cancelled_with_effects) nor applies its cancel policy",
-)
 def test_a_cancelled_run_whose_call_lands_late_concludes(
     db: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -168,12 +168,47 @@ class StepMachine(SettleMixin, SimpleStepsMixin):
                 yield from settle_unreached(st, [existing], changed.message)
             if existing.status is StepStatus.CONFIRMED:
                 st.link_previous(self.step_id, st.pending)
+                if (existing.error or {}).get("code") == "result_not_recordable":
+                    raise self._unrecordable_again(existing)
                 return existing.output
+            if existing.status in _RAISED and st.redrive_step != self.step_id:
+                # The workflow saw this step fail and went on (it handled the failure): a replay
+                # raises the same failure, so it takes the same path, rather than calling again.
+                # Only a redrive of the run that failed *at* this step calls it again.
+                st.link_previous(self.step_id, st.pending)
+                raise self._recorded_failure(existing)
         if not self.contract.effect.writes:
             return (yield from self._pure_or_read(existing))
         if self.contract.commit is CommitSemantics.LOCAL_TRANSACTION:
             return (yield from self._local(existing))
         return (yield from self._write(existing))
+
+    def _unrecordable_again(self, existing: records.StepRecord) -> errors.ResultNotRecordable:
+        problem = existing.error or {}
+        return errors.ResultNotRecordable(
+            f"step {self.step_id}: {existing.tool} committed (effect {existing.effect_id}) but its "
+            f"result could not be recorded: {problem.get('message')} (recorded; replayed)",
+            run_id=self.run_id,
+            step_id=self.step_id,
+        )
+
+    def _recorded_failure(self, existing: records.StepRecord) -> errors.EffectflowError:
+        error = existing.error or {}
+        message = (
+            f"step {self.step_id} {existing.status.value} earlier"
+            + (f": {error.get('message')}" if error.get("message") else "")
+            + " (recorded; replayed, not called again)"
+        )
+        if existing.status is StepStatus.REJECTED:
+            if error.get("type") == "IdempotencyConflict":
+                return errors.IdempotencyConflict(
+                    message,
+                    run_id=self.run_id,
+                    step_id=self.step_id,
+                    idempotency_key=existing.idempotency_key,
+                )
+            return errors.StepRejected(message, run_id=self.run_id, step_id=self.step_id)
+        return errors.RetryBudgetExhausted(message, run_id=self.run_id, step_id=self.step_id)
 
     def _changed_request(self, existing: records.StepRecord) -> errors.EffectflowError | None:
         """Why the workflow's call of this step is not the call the ledger recorded, if it is not."""
@@ -530,6 +565,7 @@ class StepMachine(SettleMixin, SimpleStepsMixin):
             due = min(st.lease_valid_until, st.now() + window)
             kwargs["deadline"] = due
             st.call_deadlines[attempt.attempt_id] = due
+        st.sent_at[attempt.attempt_id] = st.now()  # bounds count from here, not from the intent
         result: requests.Result = yield requests.Invoke(
             self.tool, self.args, kwargs, self.contract.timeout
         )
@@ -592,8 +628,10 @@ class StepMachine(SettleMixin, SimpleStepsMixin):
         if outcome is Outcome.COMMITTED:
             step, effect = self._confirm(step, effect, output, now)
             if problem is not None:
-                # The effect happened: it is confirmed with what can be recorded of it.
+                # The effect happened: it is confirmed with what can be recorded of it, and the
+                # step keeps the problem, so a replay raises what the workflow saw.
                 effect = records.evolve(effect, evidence=problem)
+                step = records.evolve(step, error=problem)
             if step.status is StepStatus.AWAITING_COMPLETION:
                 situation = Situation.BELOW_REQUIRED_STATE
             else:
@@ -688,8 +726,26 @@ def unreached(state: state_mod.RunState, current: str | None) -> list[records.St
         and s.compensates is None
         and s.step_id != current
         and s.step_id not in state.seen
-        and s.status is not StepStatus.PENDING
+        and s.status not in _CHANGED_NOTHING
     ]
+
+
+#: Step statuses whose failure was raised to the workflow (and is raised again on a replay).
+_RAISED = frozenset({StepStatus.FAILED, StepStatus.REJECTED})
+
+#: Step statuses that prove the step changed nothing: a workflow that no longer reaches such a step
+#: (it re-observed after a conflict, it took another branch after a refusal) loses nothing.
+_CHANGED_NOTHING = frozenset(
+    {
+        StepStatus.PENDING,
+        StepStatus.NOT_COMMITTED,
+        StepStatus.REJECTED,
+        StepStatus.CONFLICT,
+        StepStatus.CANCELLED,
+        StepStatus.FAILED,
+        StepStatus.SKIPPED,
+    }
+)
 
 
 def settle_unreached(

@@ -111,8 +111,35 @@ def _record(
         )
         detail["external_effect_id"] = ext
         detail["confirmed"] = True
+    elif outcome is Outcome.COMMITTED and effect.status is not StepStatus.CONFIRMED:
+        # Someone decided "not committed" meanwhile, and the call has now committed: the fact
+        # contradicts the decision. The effect goes back to a person (and into the attention
+        # queue) rather than out of sight; a resume then cannot send it again.
+        batch.expect_effect(effect.effect_id, version=effect.version)
+        batch.effect(
+            records.evolve(
+                effect,
+                status=StepStatus.NEEDS_ATTENTION,
+                next_action=NextAction.ASK_A_PERSON,
+                version=effect.version + 1,
+                updated_at=now,
+            )
+        )
+        batch.step(
+            records.evolve(
+                step,
+                status=StepStatus.NEEDS_ATTENTION,
+                next_action=NextAction.ASK_A_PERSON,
+                error={
+                    "code": "late_commit_contradicts",
+                    "message": f"the call committed after it was decided {effect.status.value}",
+                },
+                updated_at=now,
+            )
+        )
+        detail["effect_status"] = effect.status.value
+        detail["contradicts"] = True
     elif outcome is Outcome.COMMITTED:
-        # A person (or a lookup) decided meanwhile; the fact is kept beside their decision.
         detail["effect_status"] = effect.status.value
     batch.event("outcome", now, step_id=step.step_id, effect_id=effect.effect_id, **detail)
     try:

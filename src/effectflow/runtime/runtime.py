@@ -259,9 +259,12 @@ class Runtime:
         ):
             return run
         workflow = self.registry.workflow(run.workflow)
+        redrive = None
+        if run.status is RunStatus.FAILED:
+            redrive = (run.error or {}).get("step_id")
         if run.status is not RunStatus.RUNNING:
             run = self._reopen(run, by=by)
-        return self._drive(run, workflow)
+        return self._drive(run, workflow, redrive=redrive if isinstance(redrive, str) else None)
 
     def recover(
         self,
@@ -337,6 +340,10 @@ class Runtime:
                 s for s in self.store.steps(run.run_id) if s.status in records.IN_DOUBT_STATUSES
             ]
             if not doubtful:
+                if run.status is RunStatus.CANCELLED_PENDING_RECONCILIATION:
+                    # Its unknowns were settled meanwhile (a late answer, a lookup elsewhere):
+                    # the cancel can conclude.
+                    touched.append(self.resume(run.run_id, by="reconciler"))
                 continue
             if not any(self._can_settle(s) for s in doubtful):
                 continue
@@ -960,11 +967,17 @@ class Runtime:
         return self._drive(run, workflow, claimed=True)
 
     def _drive(
-        self, run: records.RunRecord, workflow: Workflow[..., Any], *, claimed: bool = False
+        self,
+        run: records.RunRecord,
+        workflow: Workflow[..., Any],
+        *,
+        claimed: bool = False,
+        redrive: str | None = None,
     ) -> records.RunRecord:
         if workflow.is_async:
-            return asyncio.run(self._drive_async(run, workflow, claimed=claimed))
+            return asyncio.run(self._drive_async(run, workflow, claimed=claimed, redrive=redrive))
         state = self._prepare(run, workflow, claimed=claimed)
+        state.redrive_step = redrive
         try:
             return self._execute(state, workflow)
         finally:
@@ -1032,9 +1045,15 @@ class Runtime:
         state.control = control
 
     async def _drive_async(
-        self, run: records.RunRecord, workflow: Workflow[..., Any], *, claimed: bool = False
+        self,
+        run: records.RunRecord,
+        workflow: Workflow[..., Any],
+        *,
+        claimed: bool = False,
+        redrive: str | None = None,
     ) -> records.RunRecord:
         state = self._prepare(run, workflow, claimed=claimed)
+        state.redrive_step = redrive
         try:
             return await self._execute_async(state, workflow)
         finally:

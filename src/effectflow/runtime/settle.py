@@ -275,8 +275,9 @@ class SettleMixin(MachineBase):
 
         A call can no longer land once its enforced deadline passed (the tool takes ``deadline``,
         which the provider refuses calls after), or once the contract's ``settles_within`` passed
-        since it started. The runtime's own ``timeout`` bounds nothing: it is when the runtime
-        stops waiting, not when the provider stops committing.
+        since it was sent — unless it still runs here (it may not even have been sent yet). The
+        runtime's own ``timeout`` bounds nothing: it is when the runtime stops waiting, not when
+        the provider stops committing.
         """
         if step.status is StepStatus.AWAITING_COMPLETION:
             return -math.inf
@@ -285,14 +286,18 @@ class SettleMixin(MachineBase):
         window = self.contract.timeout or DEFAULT_CALL_WINDOW
         until = -math.inf
         for call in self._calls_in_doubt():
+            # A call made here: when it was handed to the tool. One an earlier holder of the run
+            # made: no later than this process's claim (that holder was dead, or past its lease,
+            # and the engine never starts a call on a lease it cannot prove).
+            sent = st.sent_at.get(call.attempt_id, max(call.started_at, st.claimed_at))
+            handle = st.in_flight.get(call.attempt_id)
+            running_here = handle is not None and not handle.done()
             bounds = []
             if self.tool.takes_deadline:
-                # A call made here has its deadline recorded; one made by an earlier holder of
-                # the run had at most start + window (the engine never gives a longer one).
-                due = st.call_deadlines.get(call.attempt_id, call.started_at + window)
+                due = st.call_deadlines.get(call.attempt_id, sent + window)
                 bounds.append(due + DEADLINE_GRACE)
-            if settles is not None:
-                bounds.append(call.started_at + settles)
+            if settles is not None and not running_here:
+                bounds.append(sent + settles)
             until = max(until, min(bounds) if bounds else math.inf)
         return until
 

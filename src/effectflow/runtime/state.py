@@ -48,6 +48,11 @@ class RunState:
         self.claimed_at: float = runtime.clock()
         #: The deadline given to each call made here, by attempt id.
         self.call_deadlines: dict[str, float] = {}
+        #: The step a redrive of this failed run retries (the one it failed at): every other
+        #: step that failed earlier had its failure handled by the workflow, and replays it.
+        self.redrive_step: str | None = None
+        #: When each call made here was handed to its tool, by attempt id (bounds count from it).
+        self.sent_at: dict[str, float] = {}
         #: Calls made here that outlived their timeout and still run, by attempt id (the
         #: driver's handle): until each ends it may still land, and its late answer is a fact.
         self.in_flight: dict[str, Any] = {}
