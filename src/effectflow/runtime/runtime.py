@@ -246,7 +246,9 @@ class Runtime:
 
         Confirmed steps keep their recorded results; the first step that is not confirmed continues
         per the decision table, with its original key. Resuming a paused or failed run starts a new
-        generation, which gives its retry and lookup budgets a fresh start.
+        generation, which gives its retry and lookup budgets a fresh start. A step whose failure
+        the workflow handled (it caught the error and went on) replays that failure; only the step
+        a failed run failed *at* is called again by its redrive.
         """
         run = self._require_run(run_id)
         ending_open = run.control is not None and (
