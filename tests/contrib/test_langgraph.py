@@ -432,3 +432,30 @@ def test_tool_node_takes_the_same_wrapper(rt: ef.Runtime, mode: str) -> None:
     assert _tool_messages(state)[-1] == {"status": "done", "happened": True, "result": sent}
     [run] = rt.runs()
     assert run.input["scope"] == "langgraph:T1:tools"
+
+
+class AskingTwiceModel(ScriptedModel):
+    """A model that, having seen the first result, knowingly asks for the same call again."""
+
+    def _generate(
+        self, messages: list[BaseMessage], stop: Any = None, run_manager: Any = None, **kw: Any
+    ) -> ChatResult:
+        done = sum(isinstance(m, ToolMessage) for m in messages)
+        if done >= 2:
+            reply = AIMessage(content="sent twice, as asked")
+        else:
+            call = {"name": self.tool, "args": self.args, "id": f"call_{next(self.ids)}"}
+            reply = AIMessage(content="", tool_calls=[{**call, "type": "tool_call"}])
+        return ChatResult(generations=[ChatGeneration(message=reply)])
+
+
+def test_a_repeat_the_conversation_still_shows_is_a_new_request(rt: ef.Runtime) -> None:
+    """DESIGN §10: the model asks for the same call again while the first is in the
+    conversation: that is a new request (two effects), unlike a call regenerated after a lost
+    turn (the fork test above: one)."""
+    model = AskingTwiceModel(tool=send.name, args=SEND)
+    middleware = ef_langgraph.EffectflowMiddleware(rt, tools=[send])
+    agent = create_agent(model, middleware=[middleware], checkpointer=InMemorySaver())
+    state, _ = _ask(agent)
+    assert [c["status"] for c in _tool_messages(state)] == ["done", "done"]
+    assert len(records()) == 2

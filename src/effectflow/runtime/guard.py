@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import TYPE_CHECKING, Any
 
 from effectflow import digests, errors
@@ -63,10 +63,17 @@ class Guarded:
     deduplicated: bool
 
 
-def _run(ctx: Context, tool: str, arguments: dict[str, Any], scope: str, call_id: str) -> Any:
+def _run(
+    ctx: Context,
+    tool: str,
+    arguments: dict[str, Any],
+    scope: str,
+    call_id: str,
+    new_request: bool = False,
+) -> Any:
     """The built-in workflow: one step, the contracted call, under its logical operation."""
     made = ctx._state.runtime.registry.tool(tool)
-    op_id = operation_id(made, arguments, scope, call_id)
+    op_id = operation_id(made, arguments, scope, call_id, new_request=new_request)
     return ctx.call(STEP_ID, made, operation_id=op_id, **arguments)
 
 
@@ -80,10 +87,18 @@ def request_digest(tool: Tool[..., Any], arguments: dict[str, Any]) -> str:
     return "sha256:" + digests.sha256_hex(digests.canonical_json(payload))
 
 
-def operation_id(tool: Tool[..., Any], arguments: dict[str, Any], scope: str, call_id: str) -> str:
+def operation_id(
+    tool: Tool[..., Any],
+    arguments: dict[str, Any],
+    scope: str,
+    call_id: str,
+    *,
+    new_request: bool = False,
+) -> str:
     """The logical operation of a guarded call: the tool and its canonical arguments in the scope
-    (so a regenerated call is the same operation), or the call id when every call is new."""
-    if tool.contract.each_call_new:
+    (so a regenerated call is the same operation), or the call id when every call is new (the
+    contract's ``each_call_new``, or a repeat the host says the model asked for knowingly)."""
+    if tool.contract.each_call_new or new_request:
         return f"guard:{scope}:{call_id}"
     return f"guard:{scope}:{tool.name}:{request_digest(tool, arguments)}"
 
@@ -128,6 +143,7 @@ def call(
     *,
     scope: str,
     call_id: str,
+    known_call_ids: Collection[str] = (),
 ) -> Guarded:
     """``Runtime.guard`` (documented there)."""
     made = _checked(rt, tool, scope, call_id)
@@ -139,10 +155,21 @@ def call(
     named = made.bind_arguments((), dict(arguments))  # wrong arguments: ArgumentError, no run
     normalized = digests.to_jsonable(named, path=f"{made.name}.args")
     run_id = run_id_of(rt.tenant, scope, call_id)
-    earlier = _regenerated(rt, made, normalized, scope, call_id, run_id)
-    if earlier is not None:
-        return earlier
-    input = {"tool": made.ref, "arguments": normalized, "scope": scope, "call_id": call_id}
+    input: dict[str, Any] = {
+        "tool": made.ref,
+        "arguments": normalized,
+        "scope": scope,
+        "call_id": call_id,
+    }
+    recorded = rt.store.get_run(run_id, tenant=rt.tenant)
+    if recorded is not None:
+        # A replay: whether it was a new request was decided, and recorded, at the first call.
+        if recorded.input.get("new_request"):
+            input["new_request"] = True
+    elif _asked_again_knowingly(rt, made, normalized, scope, call_id, run_id, known_call_ids):
+        input["new_request"] = True
+    else:
+        _regenerated(rt, made, normalized, scope, call_id, run_id)
     deadline = time.monotonic() + IN_PROGRESS_WAIT
     while True:
         try:
@@ -166,9 +193,33 @@ async def call_async(
     *,
     scope: str,
     call_id: str,
+    known_call_ids: Collection[str] = (),
 ) -> Guarded:
     """``Runtime.guard_async``: the guarded call without blocking the caller's event loop."""
-    return await asyncio.to_thread(call, rt, tool, arguments, scope=scope, call_id=call_id)
+    return await asyncio.to_thread(
+        call, rt, tool, arguments, scope=scope, call_id=call_id, known_call_ids=known_call_ids
+    )
+
+
+def _asked_again_knowingly(
+    rt: Runtime,
+    tool: Tool[..., Any],
+    arguments: dict[str, Any],
+    scope: str,
+    call_id: str,
+    run_id: str,
+    known_call_ids: Collection[str],
+) -> bool:
+    """Whether this call repeats one the host's conversation still shows (``known_call_ids``):
+    the model asked for it again knowingly, so it is a new request (DESIGN §10). A repeat whose
+    original call is gone from the conversation was regenerated after a lost turn."""
+    if not known_call_ids or rt.store.get_run(run_id, tenant=rt.tenant) is not None:
+        return False
+    binding = rt.store.get_operation(rt.tenant, operation_id(tool, arguments, scope, call_id))
+    if binding is None or binding.run_id == run_id:
+        return False
+    original = rt.store.get_run(binding.run_id, tenant=rt.tenant)
+    return original is not None and original.input.get("call_id") in set(known_call_ids)
 
 
 def _regenerated(
@@ -178,16 +229,17 @@ def _regenerated(
     scope: str,
     call_id: str,
     run_id: str,
-) -> Guarded | None:
-    """A new call id for an operation another call of this scope already did, or is doing."""
+) -> None:
+    """Refuse a new call id for an operation another call of this scope is still settling (a
+    confirmed one is answered by the engine, as a deduplicated step of this call's own run)."""
     if tool.contract.each_call_new or rt.store.get_run(run_id, tenant=rt.tenant) is not None:
-        return None
+        return
     binding = rt.store.get_operation(rt.tenant, operation_id(tool, arguments, scope, call_id))
     if binding is None or binding.run_id == run_id:
-        return None
+        return
     first = next((s for s in rt.store.steps(binding.run_id) if s.step_id == binding.step_id), None)
     if first is None or first.status is StepStatus.CONFIRMED:
-        return None  # confirmed: its own run records this call id as a deduplicated answer
+        return  # confirmed: its own run records this call id as a deduplicated answer
     raise errors.NeedsPerson(
         f"the same call ({tool.ref} with the same arguments in scope {scope!r}) was made as call "
         f"{binding.run_id} and may have happened: it is being checked, not done again",

@@ -14,7 +14,7 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 from effectflow import digests, errors
@@ -199,6 +199,7 @@ class Runtime:
         *,
         scope: str,
         call_id: str,
+        known_call_ids: Collection[str] = (),
     ) -> guard_mod.Guarded:
         """Run one contracted tool call through the whole write path when the host (an agent
         framework, a durable engine) owns the control flow, and return its recorded result.
@@ -209,8 +210,10 @@ class Runtime:
         settling of the call left in doubt by the decision table; never a second effect. A new
         call id with the same tool and arguments in the scope (a call regenerated after the host
         lost the model's turn) is the same logical operation unless the contract says
-        ``each_call_new``. Each call is a run of ``effectflow.guarded_call``: ``runs``, ``show``,
-        the API and the console list it, its input naming scope and call id.
+        ``each_call_new``, or the first call's id is among ``known_call_ids`` (the host's
+        conversation still shows it: the model asked again knowingly, a new request). Each call
+        is a run of ``effectflow.guarded_call``: ``runs``, ``show``, the API and the console list
+        it, its input naming scope and call id.
 
         Raises:
             errors.NeedsPerson: the call may have happened and a person must say, or it waits
@@ -220,7 +223,9 @@ class Runtime:
             errors.StepFailed: the provider refused (``StepRejected``), or nothing committed and
                 the retry budget is spent.
         """
-        return guard_mod.call(self, tool, arguments, scope=scope, call_id=call_id)
+        return guard_mod.call(
+            self, tool, arguments, scope=scope, call_id=call_id, known_call_ids=known_call_ids
+        )
 
     async def guard_async(
         self,
@@ -230,9 +235,12 @@ class Runtime:
         *,
         scope: str,
         call_id: str,
+        known_call_ids: Collection[str] = (),
     ) -> guard_mod.Guarded:
         """The asyncio twin of ``guard`` (the call runs on a worker thread, off the loop)."""
-        return await guard_mod.call_async(self, tool, arguments, scope=scope, call_id=call_id)
+        return await guard_mod.call_async(
+            self, tool, arguments, scope=scope, call_id=call_id, known_call_ids=known_call_ids
+        )
 
     def submit(
         self, workflow: Workflow[..., Any], /, *, run_id: str | None = None, **input: Any

@@ -179,7 +179,14 @@ class EffectflowMiddleware(AgentMiddleware):
         except jsonschema.ValidationError as exc:
             return _message(call, {"status": "refused", "happened": False, "error": exc.message})
         scope = self._scope(request.runtime.config)
-        guard = functools.partial(self.rt.guard, tool, arguments, scope=scope, call_id=call_id)
+        guard = functools.partial(
+            self.rt.guard,
+            tool,
+            arguments,
+            scope=scope,
+            call_id=call_id,
+            known_call_ids=_conversation_call_ids(request.state, call_id),
+        )
         while True:
             try:
                 done: Guarded = yield guard
@@ -210,6 +217,21 @@ class EffectflowMiddleware(AgentMiddleware):
         if isinstance(exc, errors.StepFailed):
             return {"status": "unknown", "happened": None, "message": schemas.UNKNOWN_OUTCOME}
         raise exc
+
+
+def _conversation_call_ids(state: Any, current: str) -> frozenset[str]:
+    """The tool-call ids of the earlier calls the graph's conversation still shows (DESIGN §10):
+    a repeat of one of them is the model asking again knowingly, a new request; a repeat of a
+    call the conversation lost (a turn whose checkpoint was not written) was regenerated."""
+    messages = state.get("messages", []) if isinstance(state, Mapping) else []
+    if not isinstance(messages, list):
+        return frozenset()
+    return frozenset(
+        str(call.get("id"))
+        for message in messages
+        for call in getattr(message, "tool_calls", None) or ()
+        if isinstance(call, Mapping) and call.get("id") and call.get("id") != current
+    )
 
 
 def _done(done: Guarded) -> dict[str, Any]:
