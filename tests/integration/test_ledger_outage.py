@@ -245,6 +245,17 @@ def test_a_full_disk_before_the_outcome_is_ridden_out(
 # -- outages that outlast the retry: left for recovery, never recorded as failed ------------------
 
 
+def _reachable_again(rt: ef.Runtime, run_id: str) -> None:
+    """Wait for the first read after an outage: the pool reconnects in the background with its
+    own backoff, and a read waits for it at most the ``ledger_retry`` asked for."""
+    for _ in range(30):
+        try:
+            rt.steps(run_id)
+            return
+        except psycopg_pool.PoolTimeout:
+            continue
+
+
 def _left_for_recovery(rt: ef.Runtime, run_id: str) -> None:
     [step] = rt.steps(run_id)
     assert step.status is StepStatus.INTENT_RECORDED
@@ -286,14 +297,26 @@ def test_a_postgresql_outage_past_the_retry_leaves_the_run_for_recovery(
         AFTER_COMMIT.clear()
         outage.join(60)  # the server is back
         assert not outage.is_alive()
-        # The pool reconnects in the background with its own backoff, and a read waits for it at
-        # most the 1 s asked for: give the first read after the outage a few tries.
-        for _ in range(30):
-            try:
-                rt.steps("long-outage")
-                break
-            except psycopg_pool.PoolTimeout:
-                continue
+        _reachable_again(rt, "long-outage")
         _left_for_recovery(rt, "long-outage")
         [run] = rt.recover()
         _settled_once(rt, run)
+
+
+@pytest.mark.timeout(90)
+def test_the_outcome_write_gives_up_once_ledger_retry_is_spent(private_pg: PrivatePg) -> None:
+    """The server stops right after the provider committed and stays down: ``rt.start`` raises
+    LedgerUnavailable about ``ledger_retry`` (1 s) later, not after the pool's 30 s timeout."""
+    AFTER_COMMIT.append(lambda: private_pg.stop("fast"))
+    with ef.Runtime(private_pg.url, ledger_retry=1.0) as rt:
+        began = time.monotonic()
+        with pytest.raises(ef.LedgerUnavailable):
+            rt.start(flow, run_id="stays-down")
+        waited = time.monotonic() - began
+        AFTER_COMMIT.clear()
+        private_pg.start()
+        _reachable_again(rt, "stays-down")
+        _left_for_recovery(rt, "stays-down")
+        [run] = rt.recover()
+        _settled_once(rt, run)
+    assert waited < 1.0 + 4.0, f"the caller was held {waited:.1f} s for a 1 s ledger_retry"

@@ -142,7 +142,9 @@ class Workflow(Generic[P, R]):
                     f"workflow {name}: step {step.step_id!r} has two contracts; keep one"
                 )
             self.steps[step.step_id] = step
-        params = list(inspect.signature(fn).parameters)
+        #: The function's signature (inputs are checked against it before a run is recorded).
+        self.signature = inspect.signature(fn)
+        params = list(self.signature.parameters)
         if not params:
             raise errors.ContractError(
                 f"workflow {name}: {fn.__qualname__} must take the context as its first parameter"
@@ -168,7 +170,7 @@ class Workflow(Generic[P, R]):
         Raises:
             errors.ArgumentError: a required input is missing, or an input is not a parameter.
         """
-        signature = inspect.signature(self.fn)
+        signature = self.signature
         try:
             signature.bind(None, **input)
         except TypeError as exc:

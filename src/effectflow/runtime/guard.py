@@ -212,8 +212,9 @@ def _asked_again_knowingly(
 ) -> bool:
     """Whether this call repeats one the host's conversation still shows (``known_call_ids``):
     the model asked for it again knowingly, so it is a new request (DESIGN §10). A repeat whose
-    original call is gone from the conversation was regenerated after a lost turn."""
-    if not known_call_ids or rt.store.get_run(run_id, tenant=rt.tenant) is not None:
+    original call is gone from the conversation was regenerated after a lost turn. Asked only for
+    a call id not recorded yet (a replay keeps what its first call decided)."""
+    if not known_call_ids:
         return False
     binding = rt.store.get_operation(rt.tenant, operation_id(tool, arguments, scope, call_id))
     if binding is None or binding.run_id == run_id:
@@ -231,8 +232,9 @@ def _regenerated(
     run_id: str,
 ) -> None:
     """Refuse a new call id for an operation another call of this scope is still settling (a
-    confirmed one is answered by the engine, as a deduplicated step of this call's own run)."""
-    if tool.contract.each_call_new or rt.store.get_run(run_id, tenant=rt.tenant) is not None:
+    confirmed one is answered by the engine, as a deduplicated step of this call's own run).
+    Asked only for a call id not recorded yet."""
+    if tool.contract.each_call_new:
         return
     binding = rt.store.get_operation(rt.tenant, operation_id(tool, arguments, scope, call_id))
     if binding is None or binding.run_id == run_id:

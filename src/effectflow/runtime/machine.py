@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Generator, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from effectflow import digests, errors
 from effectflow.contracts.tool import EffectClass, Tool, ToolContract
@@ -39,16 +39,16 @@ class MachineBase:
     #: For a compensation: the effect it answers.
     compensates: records.EffectRecord | None
 
-    def _record_outcome(
-        self,
-        step: records.StepRecord,
-        attempt: records.AttemptRecord,
-        result: requests.Result,
-        *,
-        late: bool = False,
-    ) -> Generator[requests.Request, Any, Situation]:
-        """Record a call's answer as its attempt's outcome (``engine.StepMachine`` has it)."""
-        raise NotImplementedError
+    if TYPE_CHECKING:  # defined by ``engine.StepMachine``; the settling paths call it too
+
+        def _record_outcome(
+            self,
+            step: records.StepRecord,
+            attempt: records.AttemptRecord,
+            result: requests.Result,
+            *,
+            late: bool = False,
+        ) -> Generator[requests.Request, Any, Situation]: ...
 
     def _confirm(
         self,
