@@ -146,6 +146,13 @@ def _statuses(request: Request, allowed: type[records.RunStatus | records.StepSt
     return given or None
 
 
+def _text(request: Request, name: str) -> str | None:
+    value = request.query_params.get(name)
+    if value is not None and not value:
+        raise problems.invalid(f"{name} must not be empty; leave it out to list every run")
+    return value
+
+
 def _json(data: Any, status: int = 200) -> Response:
     return JSONResponse(data, status_code=status)
 
@@ -174,9 +181,10 @@ async def list_runs(request: Request) -> Response:
     statuses = _statuses(request, records.RunStatus)
     limit = _limit(request)
     cursor = request.query_params.get("cursor")
+    host = {name: _text(request, name) for name in ("scope", "call_id")}
 
     def read() -> tuple[list[dict[str, Any]], str | None]:
-        page, after = pagination.runs_page(rt.store, rt.tenant, statuses, limit, cursor)
+        page, after = pagination.runs_page(rt.store, rt.tenant, statuses, limit, cursor, **host)
         return [rt.run_view(r).to_dict() for r in page], after
 
     items, after = await run_in_threadpool(read)

@@ -130,6 +130,20 @@ _LIMIT: dict[str, Any] = {
     "schema": {"type": "integer", "minimum": 1, "maximum": MAX_LIMIT, "default": 50},
     "description": "Items per page.",
 }
+_SCOPE: dict[str, Any] = {
+    "name": "scope",
+    "in": "query",
+    "required": False,
+    "schema": {"type": "string", "minLength": 1},
+    "description": "Only the guarded calls a host made in this scope (e.g. a LangGraph thread).",
+}
+_CALL_ID: dict[str, Any] = {
+    "name": "call_id",
+    "in": "query",
+    "required": False,
+    "schema": {"type": "string", "minLength": 1},
+    "description": "Only the guarded call with this call id (e.g. the model's tool-call id).",
+}
 _CURSOR: dict[str, Any] = {
     "name": "cursor",
     "in": "query",
@@ -351,7 +365,7 @@ def document() -> dict[str, Any]:
         },
         "/api/v1/runs": _read(
             "List runs",
-            [_statuses(records.RunStatus), _LIMIT, _CURSOR],
+            [_statuses(records.RunStatus), _SCOPE, _CALL_ID, _LIMIT, _CURSOR],
             _json(_ref("RunPage"), "Runs, newest first."),
             "400",
         ),

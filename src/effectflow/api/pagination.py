@@ -69,8 +69,11 @@ def runs_page(
     statuses: Sequence[str] | None,
     limit: int,
     cursor: str | None,
+    scope: str | None = None,
+    call_id: str | None = None,
 ) -> tuple[list[records.RunRecord], str | None]:
-    """One page of a tenant's runs, newest first, and the cursor of the next page (or None)."""
+    """One page of a tenant's runs, newest first, and the cursor of the next page (or None);
+    ``scope`` / ``call_id`` keep the guarded calls made under those host ids."""
     position = decode("runs", cursor) if cursor else None
     seen: frozenset[str] = frozenset()
     before = None
@@ -78,7 +81,12 @@ def runs_page(
         before = math.nextafter(position[0], math.inf)  # created_at <= t: ties need their ids
         seen = position[1]
     fetched = store.list_runs(
-        tenant=tenant, statuses=statuses, limit=limit + len(seen) + 1, before=before
+        tenant=tenant,
+        statuses=statuses,
+        limit=limit + len(seen) + 1,
+        before=before,
+        scope=scope,
+        call_id=call_id,
     )
     fresh = [r for r in fetched if r.run_id not in seen]
     page = fresh[:limit]

@@ -164,14 +164,32 @@ def runs(
         typer.Option("--status", help="Only runs in this status (repeat for several)."),
     ] = None,
     limit: Annotated[int, typer.Option("--limit", min=1, help="At most this many runs.")] = 100,
+    scope: Annotated[
+        str | None,
+        typer.Option(
+            "--scope",
+            help="Only the guarded calls a host made in this scope (e.g. a LangGraph thread).",
+        ),
+    ] = None,
+    call_id: Annotated[
+        str | None,
+        typer.Option("--call-id", help="Only the guarded call with this call id (a tool-call id)."),
+    ] = None,
     db: DbOption = DEFAULT_DB,
     tenant: TenantOption = "default",
     as_json: JsonOption = False,
 ) -> None:
     """List the tenant's runs, newest first; an interrupted run (its owner died, its lease expired)
-    says so, and `effectflow recover` continues it."""
+    says so, and `effectflow recover` continues it. A guarded call (`rt.guard`: a LangGraph tool
+    call, an MCP client's call) shows the host's scope and call id, and `--scope` / `--call-id`
+    find it by them."""
     with _runtime("runs", db, tenant, as_json=as_json) as rt:
-        runs = rt.runs(status=[s.value for s in status] if status else None, limit=limit)
+        runs = rt.runs(
+            status=[s.value for s in status] if status else None,
+            limit=limit,
+            scope=scope,
+            call_id=call_id,
+        )
         found = [rt.run_view(r) for r in runs]
     if as_json:
         _emit_json([v.to_dict() for v in found])

@@ -101,13 +101,18 @@ def runs_table(runs: Sequence[views.RunView]) -> Table:
     """``effectflow runs``: one row per run, newest first; an interrupted run says why, and that
     ``effectflow recover`` continues it."""
     table = Table(title=f"{len(runs)} run(s)", title_justify="left")
-    for column in ("run", "workflow", "status", "next", "gen", "updated", "error"):
+    # The host's ids of guarded calls (a thread, a tool-call id), when the listing has any.
+    hosted = any(v.run.scope is not None for v in runs)
+    columns = ["run", "workflow", *(["scope", "call"] if hosted else []), "status", "next", "gen"]
+    for column in (*columns, "updated", "error"):
         table.add_column(column, overflow="fold")
     for view in runs:
         run = view.run
+        host = [run.scope or "", run.call_id or ""] if hosted else []
         table.add_row(
             run.run_id,
             f"{run.workflow}@{run.workflow_version}",
+            *host,
             run_status(view),
             view.next_action,
             str(run.generation),
@@ -182,6 +187,8 @@ def timeline(tl: views.Timeline, view: views.RunView) -> Group:
         f"  next {view.next_action}  tenant {run.tenant}",
         style="dim",
     )
+    if run.scope is not None:
+        head.append(f"\nguarded call {run.call_id!r} in scope {run.scope!r}", style="cyan")
     if view.interruption:
         head.append(f"\n{view.interruption}", style="bold red")
     if run.error:

@@ -126,13 +126,20 @@ async def runs_page(request: Request) -> Response:
     wanted = [
         s for s in request.query_params.getlist("status") if s in RunStatus.__members__.values()
     ]
-    runs = [rt.run_view(r) for r in rt.runs(status=wanted or None, limit=200)]
+    # A host's ids (a LangGraph thread, a tool-call id) find its guarded calls.
+    scope = request.query_params.get("scope", "").strip() or None
+    call_id = request.query_params.get("call_id", "").strip() or None
+    listed = rt.runs(status=wanted or None, limit=200, scope=scope, call_id=call_id)
+    runs = [rt.run_view(r) for r in listed]
     return _page(
         request,
         "runs.html",
         runs=runs,
         statuses=[s.value for s in RunStatus],
         wanted=set(wanted),
+        scope=scope or "",
+        call_id=call_id or "",
+        hosted=any(v.run.scope is not None for v in runs),
         attention=len(rt.attention()),
     )
 

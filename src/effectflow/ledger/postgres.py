@@ -771,12 +771,18 @@ class PostgresStore:
         statuses: Sequence[str] | None = None,
         limit: int = 100,
         before: float | None = None,
+        scope: str | None = None,
+        call_id: str | None = None,
     ) -> list[records.RunRecord]:
         """Newest first (of runs created at the same time, the last inserted first)."""
         where, params = _filters(tenant=tenant, statuses=statuses)
         if before is not None:
             where.append("created_at < %s")
             params.append(before)
+        for column, value in (("scope", scope), ("call_id", call_id)):
+            if value is not None:
+                where.append(f"{column} = %s")
+                params.append(value)
         sql = "SELECT * FROM runs"
         if where:
             sql += " WHERE " + " AND ".join(where)

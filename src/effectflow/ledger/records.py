@@ -199,6 +199,11 @@ class RunRecord:
     #: changed without a new declared version is still seen (and audited) at resume. None for
     #: runs recorded before ledger version 4.
     workflow_code: str | None = None
+    #: A guarded call's scope: the host's durable identity (a thread and checkpoint namespace, a
+    #: workflow id, a session), so the run is found from what the host shows. None for other runs.
+    scope: str | None = None
+    #: A guarded call's call id in its scope (the model's tool-call id, the host's step id).
+    call_id: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready view (CLI ``--json``, the HTTP API)."""

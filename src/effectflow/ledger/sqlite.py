@@ -651,12 +651,18 @@ class SQLiteStore:
         statuses: Sequence[str] | None = None,
         limit: int = 100,
         before: float | None = None,
+        scope: str | None = None,
+        call_id: str | None = None,
     ) -> list[records.RunRecord]:
         """Newest first."""
         where, params = _filters(tenant=tenant, statuses=statuses)
         if before is not None:
             where.append("created_at < ?")
             params.append(before)
+        for column, value in (("scope", scope), ("call_id", call_id)):
+            if value is not None:
+                where.append(f"{column} = ?")
+                params.append(value)
         sql = "SELECT * FROM runs"
         if where:
             sql += " WHERE " + " AND ".join(where)

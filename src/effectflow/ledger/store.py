@@ -356,8 +356,10 @@ class LedgerStore(Protocol):
         statuses: Sequence[str] | None = None,
         limit: int = 100,
         before: float | None = None,
+        scope: str | None = None,
+        call_id: str | None = None,
     ) -> list[records.RunRecord]:
-        """Newest first."""
+        """Newest first; ``scope`` / ``call_id`` select guarded calls by the host's ids."""
         ...
 
     def runs_to_recover(self, *, now: float, limit: int = 100) -> list[records.RunRecord]:

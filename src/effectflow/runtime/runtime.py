@@ -615,11 +615,19 @@ class Runtime:
         return self._require_run(run_id)
 
     def runs(
-        self, *, status: str | Sequence[str] | None = None, limit: int = 100
+        self,
+        *,
+        status: str | Sequence[str] | None = None,
+        limit: int = 100,
+        scope: str | None = None,
+        call_id: str | None = None,
     ) -> list[records.RunRecord]:
-        """This tenant's runs, newest first."""
+        """This tenant's runs, newest first; ``scope`` (and ``call_id``) find the guarded calls
+        a host made under its own ids (see ``guard``)."""
         statuses = [status] if isinstance(status, str) else status
-        return self.store.list_runs(tenant=self.tenant, statuses=statuses, limit=limit)
+        return self.store.list_runs(
+            tenant=self.tenant, statuses=statuses, limit=limit, scope=scope, call_id=call_id
+        )
 
     def steps(self, run_id: str) -> list[records.StepRecord]:
         """A run's Step Effect Records in order."""
@@ -804,6 +812,11 @@ class Runtime:
             lease_token=1 if leased else 0,
             lease_expires_at=now + self.lease_ttl if leased else None,
         )
+        if workflow.name == guard_mod.WORKFLOW_NAME:
+            # A guarded call: the host's ids become searchable columns (``runs(scope=...)``).
+            run = dataclasses.replace(
+                run, scope=normalized.get("scope"), call_id=normalized.get("call_id")
+            )
         batch = Batch(run_id, lease_token=None, new_run=run)
         batch.event("run_started", now, workflow=workflow.name, input_digest=input_digest)
         return run, batch
