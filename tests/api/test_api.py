@@ -68,6 +68,7 @@ ROUTES = [
     ("GET", "/api/v1/attention"),
     ("POST", "/api/v1/effects/eff_1/resolve"),
     ("POST", "/api/v1/runs/r1/steps/s1/approve"),
+    ("POST", "/api/v1/runs/r1/steps/s1/reject"),
     ("POST", "/api/v1/runs/r1/cancel"),
     ("POST", "/api/v1/runs/r1/compensate"),
     ("POST", "/api/v1/runs/r1/resume"),

@@ -298,22 +298,46 @@ def test_parallel_approvals_are_two_interrupts_answered_by_interrupt_id(rt: ef.R
 
 
 def test_a_declined_approval_is_not_done_and_the_model_is_told(rt: ef.Runtime) -> None:
-    """``approved: False`` cancels the call: nothing happens, the model hears a person said no."""
+    """``approved: False`` is ``rt.reject``: the call is never made, its step is ``rejected`` by
+    that person (audited), and the model hears a person said no and why."""
     agent = _agent(rt, refund, {"order": "o1", "amount": 300})
     _, config = _ask(agent)
-    done = agent.invoke(Command(resume={"approved": False, "approver": "bob"}), config)
+    done = agent.invoke(
+        Command(resume={"approved": False, "approver": "bob", "reason": "over the limit"}), config
+    )
     [content] = _tool_messages(done)
-    assert content == {"status": "declined", "happened": False, "error": ef_langgraph.DECLINED}
+    assert content == {
+        "status": "declined",
+        "happened": False,
+        "error": ef_langgraph.DECLINED,
+        "reason": "over the limit",
+    }
     assert records() == []
+    [run] = rt.runs()
+    [step] = rt.steps(run.run_id)
+    assert step.status is ef.StepStatus.REJECTED
+    [declined] = [e for e in rt.audit(run.run_id) if e.kind == "approval_declined"]
+    assert declined.actor == "bob"
+    assert rt.attention() == []
 
 
-def test_a_decision_without_who_made_it_is_refused(sqlite_rt: ef.Runtime) -> None:
-    """The audit log records who decided: a resume without it is a clear error."""
+def test_a_refused_decision_asks_again_and_the_corrected_one_is_applied(
+    sqlite_rt: ef.Runtime,
+) -> None:
+    """The audit log records who decided: a resume without it changes nothing and the node
+    interrupts again, saying why; the next ``Command(resume=...)`` is the one applied."""
     agent = _agent(sqlite_rt, refund, {"order": "o1", "amount": 300})
     _, config = _ask(agent)
-    with pytest.raises(ef.ArgumentError, match="must say who made it"):
-        agent.invoke(Command(resume={"approved": True}), config)
+    again = agent.invoke(Command(resume={"approved": True}), config)
+    [asked] = again["__interrupt__"]
+    assert "must say who made it" in asked.value["refused"]
+    assert asked.value["kind"] == "approval"
     assert records() == []
+    assert sqlite_rt.runs()[0].status is ef.RunStatus.PAUSED
+    done = agent.invoke(Command(resume={"approved": True, "approver": "alice"}), config)
+    [content] = _tool_messages(done)
+    assert content["status"] == "done"
+    assert len(records()) == 1
 
 
 def test_a_lost_response_is_settled_by_the_lookup_without_a_person(rt: ef.Runtime) -> None:

@@ -188,3 +188,84 @@ def test_a_repeat_the_hosts_conversation_still_shows_is_a_new_request(any_ledger
         assert lost.deduplicated
         assert rt.guard(app.send, SEND, scope="t", call_id="call_2") == again
     assert [r["id"] for r in app.records()] == ["msg_1", "msg_2"]
+
+
+def test_a_repeat_while_the_first_may_have_happened_is_never_a_second_effect(
+    any_ledger: str,
+) -> None:
+    """The model was told the first call may have happened and asked again anyway (the first is
+    still in its conversation, so this would be a new request): not while the first is in doubt.
+    The person is asked about the first call, and once it is settled a regenerated repeat is
+    answered by it."""
+    with ef.Runtime(any_ledger) as rt:
+        with pytest.raises(ef.NeedsPerson) as first:
+            rt.guard(app.untagged, {"to": "b"}, scope="t", call_id="c1")
+        for call_id, known in (("c2", {"c1"}), ("c3", set())):
+            with pytest.raises(ef.NeedsPerson) as again:
+                rt.guard(
+                    app.untagged, {"to": "b"}, scope="t", call_id=call_id, known_call_ids=known
+                )
+            assert again.value.run_id == first.value.run_id
+            assert again.value.effect_id == first.value.effect_id
+            assert again.value.kind == "in_doubt"
+        assert len(rt.runs()) == 1  # the repeats recorded nothing of their own
+        [held] = app.records()
+        rt.resolve(first.value.effect_id or "", committed=True, evidence={"result": held}, by="ops")
+        answered = rt.guard(app.untagged, {"to": "b"}, scope="t", call_id="c4")
+        assert answered.deduplicated
+        assert answered.value == held
+    assert len(app.records()) == 1
+
+
+def test_a_regenerated_call_after_its_host_died_settles_the_first_by_lookup(
+    any_ledger: str, provider: Path
+) -> None:
+    """The host died between the provider's commit and the outcome, and the model, asked again,
+    gave a new call id: the first call is recovered (its key, its lookup) and answers this one —
+    nobody is asked, nothing is sent twice."""
+    host = _host(any_ledger, provider, "gd_send", "t", "c1", "--kill")
+    host.communicate(timeout=60)
+    assert host.returncode == -signal.SIGKILL
+    [sent] = app.records()
+    with ef.Runtime(any_ledger) as rt:
+        done = rt.guard(app.send, SEND, scope="t", call_id="c2")
+        assert done.deduplicated
+        assert done.value == sent
+        statuses = {r.call_id: r.status for r in rt.runs()}
+        assert statuses == {"c1": ef.RunStatus.SUCCEEDED, "c2": ef.RunStatus.SUCCEEDED}
+    assert app.records() == [sent]
+
+
+def test_a_regenerated_approval_asks_about_the_first_call_only(any_ledger: str) -> None:
+    arguments = {"order": "o1", "amount": 300}
+    with ef.Runtime(any_ledger) as rt:
+        with pytest.raises(ef.NeedsPerson) as first:
+            rt.guard(app.refund, arguments, scope="t", call_id="c1")
+        with pytest.raises(ef.NeedsPerson) as again:
+            rt.guard(app.refund, arguments, scope="t", call_id="c2")
+        assert again.value.kind == "approval"
+        assert again.value.run_id == first.value.run_id
+        assert len(rt.attention()) == 1  # one approval to give, not two
+        rt.approve(first.value.run_id or "", "call", approver="alice", approval_id="ap-1")
+        done = rt.guard(app.refund, arguments, scope="t", call_id="c2")
+        assert done.deduplicated
+    assert len(app.records()) == 1
+
+
+def test_a_repeat_of_a_declined_call_is_a_request_of_its_own(any_ledger: str) -> None:
+    """A call that provably did not happen (declined, rejected, not committed) answers no
+    repeat: the repeat is the first call that may happen, and waits for its own approval."""
+    arguments = {"order": "o1", "amount": 300}
+    with ef.Runtime(any_ledger) as rt:
+        with pytest.raises(ef.NeedsPerson) as first:
+            rt.guard(app.refund, arguments, scope="t", call_id="c1")
+        rt.reject(first.value.run_id or "", "call", by="bob", reason="wrong order")
+        with pytest.raises(ef.StepRejected, match="declined by bob: wrong order"):
+            rt.guard(app.refund, arguments, scope="t", call_id="c1")
+        with pytest.raises(ef.NeedsPerson) as again:
+            rt.guard(app.refund, arguments, scope="t", call_id="c2")
+        assert again.value.run_id != first.value.run_id
+        rt.approve(again.value.run_id or "", "call", approver="alice", approval_id="ap-2")
+        done = rt.guard(app.refund, arguments, scope="t", call_id="c2")
+        assert not done.deduplicated
+    assert len(app.records()) == 1

@@ -372,6 +372,10 @@ def _approve(rt: Runtime, path: dict[str, str], body: dict[str, Any], derived: s
     )
 
 
+def _reject(rt: Runtime, path: dict[str, str], body: dict[str, Any], derived: str) -> Any:
+    return rt.reject(path["run_id"], path["step_id"], by=body["by"], reason=body["reason"])
+
+
 def _cancel(rt: Runtime, path: dict[str, str], body: dict[str, Any], derived: str) -> Any:
     return rt.cancel(path["run_id"], reason=body.get("reason"), by=body.get("by") or "api")
 
@@ -439,6 +443,11 @@ def api_routes() -> list[BaseRoute]:
         Route(
             "/runs/{run_id}/steps/{step_id}/approve",
             action(schema("ApproveRequest"), _approve),
+            methods=["POST"],
+        ),
+        Route(
+            "/runs/{run_id}/steps/{step_id}/reject",
+            action(schema("RejectRequest"), _reject),
             methods=["POST"],
         ),
         Route(

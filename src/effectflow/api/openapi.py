@@ -273,6 +273,10 @@ APPROVE_BODY = _body(
     },
     ["approver"],
 )
+REJECT_BODY = _body(
+    {"by": _PERSON, "reason": {**_TEXT, "minLength": 1, "description": "Why it is declined."}},
+    ["by", "reason"],
+)
 CANCEL_BODY = _body({"reason": _TEXT, "by": _PERSON}, [])
 COMPENSATE_BODY = _body(
     {"reason": {**_TEXT, "minLength": 1, "description": "The business condition."}, "by": _PERSON},
@@ -339,6 +343,7 @@ def document() -> dict[str, Any]:
         },
         ResolveRequest=RESOLVE_BODY,
         ApproveRequest=APPROVE_BODY,
+        RejectRequest=REJECT_BODY,
         CancelRequest=CANCEL_BODY,
         CompensateRequest=COMPENSATE_BODY,
         ResumeRequest=RESUME_BODY,
@@ -409,6 +414,15 @@ def document() -> dict[str, Any]:
             "Approve a step waiting for approval; the run continues in the server's process.",
             [_RUN_ID, step_id],
             _ref("ApproveRequest"),
+            run_ok,
+            body_required=True,
+        ),
+        "/api/v1/runs/{run_id}/steps/{step_id}/reject": _action(
+            "Decline a step",
+            "Decline a step waiting for approval: it is never called, and the run continues in "
+            "the server's process with the step rejected.",
+            [_RUN_ID, step_id],
+            _ref("RejectRequest"),
             run_ok,
             body_required=True,
         ),

@@ -474,6 +474,26 @@ def approve(
     _finish_run(run, as_json)
 
 
+def reject(
+    run_id: RunArg,
+    step_id: Annotated[
+        str,
+        typer.Argument(metavar="STEP", help="The step waiting for approval.", show_default=False),
+    ],
+    by: Annotated[str, typer.Option("--by", help="Who declines (recorded).")],
+    reason: Annotated[str, typer.Option("--reason", help="Why it is declined (recorded).")],
+    app: AppOption = None,
+    db: DbOption = DEFAULT_DB,
+    tenant: TenantOption = "default",
+    as_json: JsonOption = False,
+) -> None:
+    """Decline a step waiting for approval: it is never called, and the run continues in this
+    process with the step rejected (its workflow sees StepRejected)."""
+    with _runtime("reject", db, tenant, app=app, as_json=as_json) as rt:
+        run = rt.reject(run_id, step_id, by=by, reason=reason)
+    _finish_run(run, as_json)
+
+
 def cancel(
     run_id: RunArg,
     reason: Annotated[

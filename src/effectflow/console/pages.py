@@ -221,6 +221,11 @@ async def action(request: Request) -> Response:
                 approval_id=field("approval_id"),
             )
             return _back(back, msg=f"approved {field('step_id')}; run {run.run_id} is {run.status}")
+        if verb == "reject":
+            run = rt.reject(
+                field("run_id"), field("step_id"), by=field("by"), reason=field("reason")
+            )
+            return _back(back, msg=f"declined {field('step_id')}; run {run.run_id} is {run.status}")
         if verb == "cancel":
             inv = rt.cancel(
                 field("run_id"), reason=field("reason") or None, by=field("by") or "console"

@@ -200,6 +200,13 @@ class StepMachine(SettleMixin, SimpleStepsMixin):
             + " (recorded; replayed, not called again)"
         )
         if existing.status is StepStatus.REJECTED:
+            if error.get("code") == "approval_declined":
+                return errors.StepRejected(
+                    f"step {self.step_id} was not approved: {error.get('message')} (recorded; "
+                    "it was never called)",
+                    run_id=self.run_id,
+                    step_id=self.step_id,
+                )
             if error.get("type") == "IdempotencyConflict":
                 return errors.IdempotencyConflict(
                     message,
@@ -268,6 +275,10 @@ class StepMachine(SettleMixin, SimpleStepsMixin):
                 )
             approval = None
             if self._approval_needed():
+                # The same operation already done by another step makes no call: no approval.
+                elsewhere = self._bound_elsewhere(op_id)
+                if elsewhere is not None:
+                    return (yield from self._reuse_operation(elsewhere))
                 approval = self._approval()
                 if approval is None:
                     yield from self._await_approval(st.steps.get(self.step_id))
@@ -465,6 +476,17 @@ class StepMachine(SettleMixin, SimpleStepsMixin):
         self.attempt = attempt
         st.faults.hit(FaultPoint.AFTER_INTENT, self.step_id)
         return None
+
+    def _bound_elsewhere(self, op_id: str) -> OperationBinding | None:
+        """The binding of ``op_id`` to another step for this very request, if there is one."""
+        if op_id == f"{self.run_id}/{self.step_id}":
+            return None
+        binding = self.state.runtime.store.get_operation(self.state.run.tenant, op_id)
+        if binding is None or binding.request_digest != self.request_digest:
+            return None
+        if (binding.run_id, binding.step_id) == (self.run_id, self.step_id):
+            return None
+        return binding
 
     def _reuse_operation(self, binding: OperationBinding) -> Generator[requests.Request, Any, Any]:
         """The logical operation already belongs to another step (e.g. a re-submitted request)."""

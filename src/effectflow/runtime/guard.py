@@ -21,9 +21,11 @@ decision table after it, recovery by any worker, the audit chain, the operator's
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
+import functools
 import time
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from effectflow import digests, errors
@@ -144,6 +146,7 @@ def call(
     scope: str,
     call_id: str,
     known_call_ids: Collection[str] = (),
+    new_request: bool = False,
 ) -> Guarded:
     """``Runtime.guard`` (documented there)."""
     made = _checked(rt, tool, scope, call_id)
@@ -166,10 +169,8 @@ def call(
         # A replay: whether it was a new request was decided, and recorded, at the first call.
         if recorded.input.get("new_request"):
             input["new_request"] = True
-    elif _asked_again_knowingly(rt, made, normalized, scope, call_id, run_id, known_call_ids):
+    elif new_request or _new_request(rt, made, normalized, scope, call_id, run_id, known_call_ids):
         input["new_request"] = True
-    else:
-        _regenerated(rt, made, normalized, scope, call_id, run_id)
     deadline = time.monotonic() + IN_PROGRESS_WAIT
     while True:
         try:
@@ -194,14 +195,37 @@ async def call_async(
     scope: str,
     call_id: str,
     known_call_ids: Collection[str] = (),
+    new_request: bool = False,
 ) -> Guarded:
     """``Runtime.guard_async``: the guarded call without blocking the caller's event loop."""
     return await asyncio.to_thread(
-        call, rt, tool, arguments, scope=scope, call_id=call_id, known_call_ids=known_call_ids
+        functools.partial(
+            call,
+            rt,
+            tool,
+            arguments,
+            scope=scope,
+            call_id=call_id,
+            known_call_ids=known_call_ids,
+            new_request=new_request,
+        )
     )
 
 
-def _asked_again_knowingly(
+#: Step statuses of an effect that happened (the engine answers a regenerated call from it).
+_HAPPENED = frozenset(
+    {
+        StepStatus.CONFIRMED,
+        StepStatus.AWAITING_COMPLETION,
+        StepStatus.COMPENSATION_PENDING,
+        StepStatus.COMPENSATING,
+        StepStatus.COMPENSATED,
+        StepStatus.COMPENSATION_FAILED,
+    }
+)
+
+
+def _new_request(
     rt: Runtime,
     tool: Tool[..., Any],
     arguments: dict[str, Any],
@@ -210,52 +234,126 @@ def _asked_again_knowingly(
     run_id: str,
     known_call_ids: Collection[str],
 ) -> bool:
-    """Whether this call repeats one the host's conversation still shows (``known_call_ids``):
-    the model asked for it again knowingly, so it is a new request (DESIGN §10). A repeat whose
-    original call is gone from the conversation was regenerated after a lost turn. Asked only for
-    a call id not recorded yet (a replay keeps what its first call decided)."""
-    if not known_call_ids:
+    """Whether a call id not recorded yet is a request of its own, when another call of this scope
+    already made the same call (the same tool and canonical arguments: the same logical
+    operation). Asked only at a call id's first call; a replay keeps what was decided then.
+
+    The earlier call is settled first: a call left in doubt by a dead host is recovered here (its
+    intent, its key, its lookup), one waiting for a person raises ``NeedsPerson`` naming *that*
+    call — so a repeat never makes a second effect while the first may still have happened, and a
+    person is asked about one call, not two. Then:
+
+    - the earlier call happened: this one is the same operation (answered as already done), unless
+      the host's conversation still shows the earlier call (``known_call_ids``): the model asked
+      for it again knowingly, so it is a new request (DESIGN §10);
+    - the earlier call provably did not happen (rejected, not committed, failed, cancelled): this
+      one is a new request — it is the first that may.
+    """
+    if tool.contract.each_call_new:
+        return False  # every call id is its own operation already
+    op_id = operation_id(tool, arguments, scope, call_id)
+    binding = rt.store.get_operation(rt.tenant, op_id)
+    if binding is not None:
+        if binding.run_id == run_id:
+            return False
+        original = rt.store.get_run(binding.run_id, tenant=rt.tenant)
+        step_id = binding.step_id
+    else:
+        # No intent yet: the same call may still wait for its approval, before any binding.
+        original, step_id = _waiting_before_intent(rt, op_id, scope, run_id), STEP_ID
+    if original is None:
         return False
-    binding = rt.store.get_operation(rt.tenant, operation_id(tool, arguments, scope, call_id))
-    if binding is None or binding.run_id == run_id:
-        return False
-    original = rt.store.get_run(binding.run_id, tenant=rt.tenant)
-    return original is not None and original.input.get("call_id") in set(known_call_ids)
+    step = _settled_earlier_call(rt, tool, scope, original, step_id)
+    if step is not None and step.status in _HAPPENED:
+        return original.input.get("call_id") in set(known_call_ids)
+    return True
 
 
-def _regenerated(
+def _waiting_before_intent(
+    rt: Runtime, op_id: str, scope: str, run_id: str
+) -> records.RunRecord | None:
+    """A guarded call of this scope for the same operation that has not reached its intent (it
+    waits for an approval, or is about to be made): found by the scope's open runs, which are few."""
+    for run in rt.store.list_runs(
+        tenant=rt.tenant, scope=scope, statuses=[RunStatus.PAUSED, RunStatus.RUNNING], limit=1000
+    ):
+        if run.run_id == run_id or run.workflow != WORKFLOW_NAME:
+            continue
+        try:
+            made = rt.registry.tool(str(run.input.get("tool")))
+            theirs = operation_id(
+                made,
+                dict(run.input.get("arguments") or {}),
+                scope,
+                str(run.input.get("call_id")),
+                new_request=bool(run.input.get("new_request")),
+            )
+        except errors.EffectflowError:
+            continue  # a tool this process does not know cannot be this call's
+        if theirs == op_id:
+            return run
+    return None
+
+
+def _settled_earlier_call(
     rt: Runtime,
     tool: Tool[..., Any],
-    arguments: dict[str, Any],
     scope: str,
-    call_id: str,
-    run_id: str,
-) -> None:
-    """Refuse a new call id for an operation another call of this scope is still settling (a
-    confirmed one is answered by the engine, as a deduplicated step of this call's own run).
-    Asked only for a call id not recorded yet."""
-    if tool.contract.each_call_new:
-        return
-    binding = rt.store.get_operation(rt.tenant, operation_id(tool, arguments, scope, call_id))
-    if binding is None or binding.run_id == run_id:
-        return
-    first = next((s for s in rt.store.steps(binding.run_id) if s.step_id == binding.step_id), None)
-    if first is None or first.status is StepStatus.CONFIRMED:
-        return  # confirmed: its own run records this call id as a deduplicated answer
-    raise errors.NeedsPerson(
-        f"the same call ({tool.ref} with the same arguments in scope {scope!r}) was made as call "
-        f"{binding.run_id} and may have happened: it is being checked, not done again",
-        run_id=binding.run_id,
-        step_id=first.step_id,
-        effect_id=first.effect_id,
-        kind="in_doubt",
-        for_model=MAY_HAVE_HAPPENED,
-    )
+    original: records.RunRecord,
+    step_id: str,
+) -> records.StepRecord | None:
+    """The earlier call's step once it is settled (None: it never reached its call).
+
+    Raises:
+        errors.NeedsPerson: it waits for a person (an approval, an effect in doubt), or another
+            live process is still executing it.
+    """
+    if original.status is RunStatus.RUNNING and original.workflow == WORKFLOW_NAME:
+        # Its host died (or went quiet) mid-call: recover it as any worker would.
+        with _still_running(tool, scope, original):
+            original = rt.start(WORKFLOW, run_id=original.run_id, **original.input)
+    if original.status is RunStatus.PAUSED and original.workflow == WORKFLOW_NAME:
+        answer(rt, original)  # resumes it if a person settled it since; else NeedsPerson for it
+        original = rt.store.get_run(original.run_id, tenant=rt.tenant) or original
+    step = next((s for s in rt.store.steps(original.run_id) if s.step_id == step_id), None)
+    open_run = original.status in (RunStatus.RUNNING, RunStatus.PAUSED, RunStatus.CANCELLING)
+    if (step is not None and step.status in records.IN_DOUBT_STATUSES) or (
+        open_run and (step is None or step.status is StepStatus.PENDING)
+    ):
+        raise errors.NeedsPerson(
+            f"the same call ({tool.ref} with the same arguments in scope {scope!r}) was made as "
+            f"call {original.run_id} and may have happened: it is being checked, not done again",
+            run_id=original.run_id,
+            step_id=step_id,
+            effect_id=None if step is None else step.effect_id,
+            kind="in_doubt",
+            for_model=MAY_HAVE_HAPPENED,
+        )
+    return step
+
+
+@contextlib.contextmanager
+def _still_running(tool: Tool[..., Any], scope: str, original: records.RunRecord) -> Iterator[None]:
+    """An earlier call another live process executes is being checked, not a second call."""
+    try:
+        yield
+    except errors.LeaseLost:
+        raise errors.NeedsPerson(
+            f"the same call ({tool.ref} with the same arguments in scope {scope!r}) is being made "
+            f"as call {original.run_id} by another process; it is not done again",
+            run_id=original.run_id,
+            step_id=STEP_ID,
+            effect_id=None,
+            kind="in_doubt",
+            for_model=MAY_HAVE_HAPPENED,
+        ) from None
 
 
 def answer(rt: Runtime, run: records.RunRecord) -> Guarded:
     """What the host gets for the guarded call's run as it stands."""
-    if run.status is RunStatus.PAUSED and _settled_since(rt, run):
+    if run.status is RunStatus.PAUSED and (_settled_since(rt, run) or _in_doubt(run)):
+        # Settled by a person since: go on. Still in doubt: a replay looks it up once more (the
+        # provider may answer now) before a person is asked again.
         run = rt.resume(run.run_id, by="guarded call")
     steps = {s.step_id: s for s in rt.store.steps(run.run_id)}
     step = steps.get(STEP_ID)
@@ -292,6 +390,10 @@ def answer(rt: Runtime, run: records.RunRecord) -> Guarded:
         run_id=run.run_id,
         step_id=STEP_ID,
     )
+
+
+def _in_doubt(run: records.RunRecord) -> bool:
+    return (run.error or {}).get("code") == "needs_attention"
 
 
 def _settled_since(rt: Runtime, run: records.RunRecord) -> bool:

@@ -309,6 +309,90 @@ def approve(
     return rt.resume(run_id, by=approver)
 
 
+def reject(
+    rt: Runtime,
+    run_id: str,
+    step_id: str,
+    *,
+    by: str,
+    reason: str,
+) -> records.RunRecord:
+    """``Runtime.reject`` (documented there)."""
+    if not isinstance(by, str) or not by.strip():
+        raise errors.ArgumentError(
+            "reject needs by=: the person declining (the audit log records it)"
+        )
+    if not isinstance(reason, str) or not reason.strip():
+        raise errors.ArgumentError("reject needs reason=: why the step is declined (recorded)")
+    run = rt._require_run(run_id)
+    step = next((s for s in rt.store.steps(run_id) if s.step_id == step_id), None)
+    if step is not None and _declined(step, by, reason):
+        return run  # this very decision, recorded already (a retried request)
+    if step is None or not _awaits_approval(step):
+        raise errors.StaleState(
+            f"step {step_id} of run {run_id} is not waiting for an approval"
+            + ("" if step is None else f" (it is {step.status})")
+            + "; nothing was recorded",
+            run_id=run_id,
+            step_id=step_id,
+        )
+    now = rt.clock()
+    batch = Batch(run_id, lease_token=None)
+    # The same facts an approval is made on (see ``approve``): of an approval and a decline given
+    # at the same moment, exactly one is recorded.
+    batch.expect_step(
+        step_id,
+        status=StepStatus.PENDING,
+        error_code="approval_required",
+        request_digest=step.request_digest,
+    )
+    batch.expect_unapproved(step_id, step.request_digest)
+    batch.expect_run(lease_token=run.lease_token)
+    batch.run_changes.update(
+        lease_token=run.lease_token + 1, lease_owner=None, lease_expires_at=None
+    )
+    batch.step(
+        dataclasses.replace(
+            step,
+            status=StepStatus.REJECTED,
+            next_action=NextAction.NONE,
+            error={
+                "code": "approval_declined",
+                "type": "StepRejected",
+                "message": f"declined by {by}: {reason}",
+                "by": by,
+                "reason": reason,
+            },
+            updated_at=now,
+        )
+    )
+    batch.event(
+        "approval_declined",
+        now,
+        step_id=step_id,
+        actor=by,
+        reason=reason,
+        request_digest=step.request_digest,
+    )
+    try:
+        rt.store.apply(batch, lease_ttl=rt.lease_ttl, now=now)
+    except errors.StaleState:
+        fresh = next((s for s in rt.store.steps(run_id) if s.step_id == step_id), None)
+        if fresh is not None and _declined(fresh, by, reason):
+            return rt._require_run(run_id)  # a concurrent call recorded this very decision
+        raise
+    return rt.resume(run_id, by=by)
+
+
+def _declined(step: records.StepRecord, by: str, reason: str) -> bool:
+    error = step.error or {}
+    return (
+        step.status is StepStatus.REJECTED
+        and error.get("code") == "approval_declined"
+        and (error.get("by"), error.get("reason")) == (by, reason)
+    )
+
+
 def _replayed_approval(
     rt: Runtime,
     run: records.RunRecord,

@@ -200,6 +200,7 @@ class Runtime:
         scope: str,
         call_id: str,
         known_call_ids: Collection[str] = (),
+        new_request: bool = False,
     ) -> guard_mod.Guarded:
         """Run one contracted tool call through the whole write path when the host (an agent
         framework, a durable engine) owns the control flow, and return its recorded result.
@@ -211,9 +212,14 @@ class Runtime:
         call id with the same tool and arguments in the scope (a call regenerated after the host
         lost the model's turn) is the same logical operation unless the contract says
         ``each_call_new``, or the first call's id is among ``known_call_ids`` (the host's
-        conversation still shows it: the model asked again knowingly, a new request). Each call
-        is a run of ``effectflow.guarded_call``: ``runs``, ``show``, the API and the console list
-        it, its input naming scope and call id.
+        conversation still shows it: the model asked again knowingly, a new request), or
+        ``new_request`` says the host's call id names a request of its own (an MCP client's
+        ``operation_id``). A repeat is never made while an earlier call of the same operation may
+        still have happened: that call is settled first (recovered, looked up), or the person is
+        asked about it. A replay of a call paused in doubt looks it up again before asking a
+        person. Each call is a run of ``effectflow.guarded_call`` whose scope and call id are
+        searchable: ``runs(scope=, call_id=)``, ``effectflow runs --scope``, the API's
+        ``?scope=``, the console's search.
 
         Raises:
             errors.NeedsPerson: the call may have happened and a person must say, or it waits
@@ -224,7 +230,13 @@ class Runtime:
                 the retry budget is spent.
         """
         return guard_mod.call(
-            self, tool, arguments, scope=scope, call_id=call_id, known_call_ids=known_call_ids
+            self,
+            tool,
+            arguments,
+            scope=scope,
+            call_id=call_id,
+            known_call_ids=known_call_ids,
+            new_request=new_request,
         )
 
     async def guard_async(
@@ -236,10 +248,17 @@ class Runtime:
         scope: str,
         call_id: str,
         known_call_ids: Collection[str] = (),
+        new_request: bool = False,
     ) -> guard_mod.Guarded:
         """The asyncio twin of ``guard`` (the call runs on a worker thread, off the loop)."""
         return await guard_mod.call_async(
-            self, tool, arguments, scope=scope, call_id=call_id, known_call_ids=known_call_ids
+            self,
+            tool,
+            arguments,
+            scope=scope,
+            call_id=call_id,
+            known_call_ids=known_call_ids,
+            new_request=new_request,
         )
 
     def submit(
@@ -466,6 +485,20 @@ class Runtime:
         return people.approve(
             self, run_id, step_id, approver=approver, approval_id=approval_id, note=note
         )
+
+    def reject(self, run_id: str, step_id: str, *, by: str, reason: str) -> records.RunRecord:
+        """A person declines a step waiting for approval: it is never called, and the run goes
+        on in this process with the step ``rejected`` — the workflow's ``ctx.call`` raises
+        ``StepRejected`` (code ``approval_declined``), which it may handle like a provider's
+        refusal; a guarded call answers with that error. Of an approval and a decline given at the
+        same moment, exactly one is recorded; the same decline again is a no-op.
+
+        Raises:
+            errors.StaleState: the step is not waiting for an approval (approved, declined, or
+                never asked); nothing is recorded.
+            errors.ArgumentError: ``by`` or ``reason`` is empty.
+        """
+        return people.reject(self, run_id, step_id, by=by, reason=reason)
 
     @staticmethod
     def owner_alive(owner: str) -> bool:

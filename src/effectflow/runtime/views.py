@@ -230,7 +230,7 @@ def attention(
                         step_id=step.step_id,
                         effect_id=None,
                         reason=str((step.error or {}).get("message", "needs an approval")),
-                        actions=("approve", "cancel"),
+                        actions=("approve", "reject", "cancel"),
                         version=None,
                         since=step.updated_at,
                     )

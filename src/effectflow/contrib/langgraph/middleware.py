@@ -11,8 +11,10 @@ names. For each tool call of a tool ``langchain_tool`` made (or one named in ``t
   and a call the ledger answered for an earlier id says it was already done;
 - "needs a person" (an approval, an effect that may have happened) becomes LangGraph's
   ``interrupt()`` with a payload naming the effect and the next action; the value of
-  ``Command(resume=...)`` carries the person's decision into ``rt.approve`` / ``rt.resolve`` (or
-  ``rt.cancel`` for a declined approval), then the call is asked again through ``rt.guard``.
+  ``Command(resume=...)`` carries the person's decision into ``rt.approve`` / ``rt.reject`` /
+  ``rt.resolve``, then the call is asked again through ``rt.guard``. A decision the ledger refuses
+  (no name, a wrong shape) is not the end: the node interrupts again, saying why, and the next
+  ``Command(resume=...)`` answers that interrupt.
 
 Tool calls of other tools pass through to the handler untouched.
 """
@@ -36,6 +38,7 @@ from effectflow.contracts.tool import Tool
 from effectflow.contrib.agents import schemas
 from effectflow.contrib.langgraph import tools as tools_mod
 from effectflow.ledger.records import RunStatus
+from effectflow.runtime import guard as guard_mod
 
 if TYPE_CHECKING:
     from langchain_core.runnables import RunnableConfig
@@ -52,6 +55,8 @@ ALREADY_DONE = (
 )
 #: What the model is told about a call a person declined.
 DECLINED = "a person declined this call; it was not done; do not repeat it"
+#: What the model is told about a call whose run an operator cancelled before it was made.
+CANCELLED = "this call was cancelled by an operator; it was not done; do not repeat it"
 
 # LangGraph's checkpoint namespace: ``node:task_id`` parts joined by ``|`` (its NS_SEP / NS_END).
 _NS_SEP = "|"
@@ -175,7 +180,7 @@ class EffectflowMiddleware(AgentMiddleware):
             )
         arguments = dict(call.get("args") or {})
         try:
-            jsonschema.validate(arguments, schemas.parameters_schema(tool))
+            _validator(tool).validate(arguments)
         except jsonschema.ValidationError as exc:
             return _message(call, {"status": "refused", "happened": False, "error": exc.message})
         scope = self._scope(request.runtime.config)
@@ -193,8 +198,17 @@ class EffectflowMiddleware(AgentMiddleware):
             except errors.NeedsPerson as asked:
                 if not self._interrupt:
                     return _message(call, _waiting(asked))
-                decision = interrupt(_payload(asked, tool, arguments, scope, call_id))
-                yield functools.partial(_decide, self.rt, asked, decision, scope, call_id)
+                payload = _payload(asked, tool, arguments, scope, call_id)
+                while True:
+                    # LangGraph answers the interrupts of a node in order: a refused decision
+                    # stays the answer of its interrupt, so the next one asks again.
+                    decision = interrupt(payload)
+                    try:
+                        yield functools.partial(_decide, self.rt, asked, decision, scope, call_id)
+                    except errors.ArgumentError as refused:
+                        payload = {**payload, "refused": refused.message}
+                        continue
+                    break
                 continue
             except errors.EffectflowError as exc:
                 return _message(call, self._failure(tool, exc))
@@ -203,6 +217,10 @@ class EffectflowMiddleware(AgentMiddleware):
     def _failure(self, tool: Tool[..., Any], exc: errors.EffectflowError) -> dict[str, Any]:
         """A guarded call that ended without a result, phrased for the model (as the agent loop
         phrases it)."""
+        declined = _declined(self.rt, exc) if isinstance(exc, errors.StepRejected) else None
+        if declined is not None:
+            return {"status": "declined", "happened": False, "error": DECLINED,
+                    "reason": declined}  # fmt: skip
         if isinstance(exc, errors.StepRejected):
             return {"status": "rejected", "happened": False, "error": exc.message}
         if isinstance(exc, errors.RetryBudgetExhausted):
@@ -211,12 +229,30 @@ class EffectflowMiddleware(AgentMiddleware):
             return {"status": "refused", "happened": False, "error": exc.message}
         run_id = getattr(exc, "run_id", None)
         if run_id is not None and self.rt.run(run_id).status is RunStatus.CANCELLED:
-            return {"status": "declined", "happened": False, "error": DECLINED}
+            return {"status": "cancelled", "happened": False, "error": CANCELLED}
         if isinstance(exc, errors.StepFailed) and not tool.contract.effect.writes:
             return {"status": "failed", "happened": False, "error": exc.message}
         if isinstance(exc, errors.StepFailed):
-            return {"status": "unknown", "happened": None, "message": schemas.UNKNOWN_OUTCOME}
+            return {"status": "unknown", "happened": None, "message": guard_mod.MAY_HAVE_HAPPENED}
         raise exc
+
+
+@functools.lru_cache(maxsize=1024)
+def _validator(tool: Tool[..., Any]) -> Any:
+    """The arguments' validator, built once per tool: ``jsonschema.validate`` checks the schema
+    itself on every call, most of the middleware's own cost (BENCHMARKS.md)."""
+    schema = schemas.parameters_schema(tool)
+    return jsonschema.validators.validator_for(schema)(schema)
+
+
+def _declined(rt: Runtime, exc: errors.StepRejected) -> str | None:
+    """The person's reason, when the call was declined (``rt.reject``) rather than refused by the
+    provider; None otherwise."""
+    if exc.run_id is None:
+        return None
+    step = next((s for s in rt.steps(exc.run_id) if s.step_id == exc.step_id), None)
+    error = {} if step is None else (step.error or {})
+    return str(error.get("reason")) if error.get("code") == "approval_declined" else None
 
 
 def _conversation_call_ids(state: Any, current: str) -> frozenset[str]:
@@ -326,7 +362,7 @@ def _decide(
                 )
             else:
                 reason = str(decision.get("reason") or "declined")
-                rt.cancel(asked.run_id or "", reason=reason, by=who)
+                rt.reject(asked.run_id or "", asked.step_id or "", by=who, reason=reason)
         elif asked.kind == "in_doubt" and "committed" in decision:
             if asked.effect_id is None:
                 raise errors.ArgumentError(f"no effect to resolve for call {asked.run_id}")

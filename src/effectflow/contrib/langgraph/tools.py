@@ -86,8 +86,8 @@ def _effect_note(tool: Tool[..., Any]) -> str:
         repeat = "every call is a new request"
     else:
         repeat = (
-            "done once: the same call again in this conversation answers with the first result "
-            "instead of doing it twice"
+            "done once per request: a call repeated after a lost answer is not done twice; "
+            "calling it again after its result is a new request"
         )
     note = f"Effect: {contract.effect.value}, {reversible} - {repeat}."
     if contract.needs_approval:
