@@ -187,3 +187,31 @@ def test_a_tool_without_a_contract_is_refused(tmp_path: Path) -> None:
     text = result.content[0]
     assert isinstance(text, types.TextContent)
     assert "no side-effect contract" in text.text
+
+
+@pytest.mark.timeout(40)
+def test_gateway_calls_are_guarded_calls_found_by_the_clients_ids(tmp_path: Path) -> None:
+    """The gateway stands on ``rt.guard``: a named operation is a request of its own (two names,
+    the same arguments: two emails), the same name with other arguments is refused, and the
+    operator finds the calls by scope and call id."""
+
+    async def use(session: ClientSession) -> list[types.CallToolResult]:
+        return [
+            await _send(session, operation_id="op-x"),
+            await _send(session, operation_id="op-y"),
+            await session.call_tool(
+                "send_email", {"to": "b@example.com", "body": "other", "operation_id": "op-x"}
+            ),
+        ]
+
+    x, y, conflict = _with_gateway(tmp_path, use)
+    assert _body(x)["status"] == _body(y)["status"] == "confirmed"
+    assert _body(x)["operation_id"] == "mcp:send_email:op-x"
+    assert conflict.isError
+    assert "already requested with other arguments" in _body(conflict)["message"]
+    assert len(_emails(tmp_path)) == 2
+    with ef.Runtime(f"sqlite:///{tmp_path / 'ledger.db'}") as rt:
+        [found] = rt.runs(scope="mcp", call_id="send_email:op-x")
+        assert found.workflow == "effectflow.guarded_call"
+        assert found.run_id == _body(x)["run_id"]
+        assert len(rt.runs(scope="mcp")) == 2

@@ -7,17 +7,21 @@ calls hands the upstream request back to the event loop that owns the upstream s
 ``asyncio.run_coroutine_threadsafe``. When the runtime's timeout gives up on a call, the request stays
 in flight on the loop and its late answer is dropped: exactly why that outcome is unknown.
 
-The logical operation of a call (which decides its idempotency key and its run) is the tool's name
-plus the ``operation_id`` argument when the caller passes one (the gateway adds it to every
-contracted tool's schema and strips it before forwarding); otherwise it is the digest of the
-arguments within this MCP session. So a client that repeats a call (a model retrying after a lost
-answer) is deduplicated, while a later session asking for the same arguments is a new operation
-unless it names the same ``operation_id``.
+Each call is a guarded call (``Runtime.guard``, the one mechanism the LangGraph middleware and
+the agent loop use too): the MCP client is the host. With an ``operation_id`` argument (the gateway
+adds it to every contracted tool's schema and strips it before forwarding) the scope is ``mcp`` and
+the call id ``<tool>:<operation_id>``, a request of its own across sessions; without one the scope
+is this MCP session and the call id ``<tool>:<digest of the arguments>``. So a client that repeats a
+call (a model retrying after a lost answer) is a host replay — the recorded answer, or the settling
+of a call in doubt, never a second email — while a later session asking for the same arguments is
+a new operation unless it names the same ``operation_id``. ``effectflow runs --scope mcp`` finds
+the named calls.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import uuid
 from collections.abc import Mapping
@@ -36,6 +40,7 @@ from effectflow import digests, errors
 from effectflow.contracts import registry as registry_mod
 from effectflow.contrib.mcp import config as config_mod
 from effectflow.ledger import records
+from effectflow.runtime import guard
 
 #: What an unknown outcome tells the caller (DESIGN §8): the words a model must not retry past.
 UNKNOWN_PHRASE = "this may or may not have happened; do not repeat it; it is being checked"
@@ -43,8 +48,10 @@ UNKNOWN_PHRASE = "this may or may not have happened; do not repeat it; it is bei
 OPERATION_ARG = "operation_id"
 #: The gateway's own tool that settles unknown outcomes through the upstreams' lookup tools.
 RECONCILE_TOOL = "effectflow_reconcile"
-#: The workflow every gateway call runs as.
+#: The workflow gateway calls ran as before they were guarded calls (kept for their recovery).
 WORKFLOW = "mcp_gateway_call"
+#: The guarded-call scope of calls that name their operation (across sessions).
+NAMED_SCOPE = "mcp"
 
 _IN_DOUBT = {s.value for s in records.IN_DOUBT_STATUSES}
 
@@ -255,6 +262,8 @@ class Gateway:
                 "call", registry.tool(tool), arguments=arguments, operation_id=operation_id
             )
 
+        # Calls are guarded calls now; runs an earlier gateway recorded as this workflow still
+        # recover (``reconcile``) with it.
         self.workflow: ef.Workflow[..., Any] = ef.workflow(WORKFLOW, register=False)(gateway_call)
         self.registry.add_workflow(self.workflow)
         self.runtime = ef.Runtime(db_url, registry=self.registry)
@@ -284,14 +293,15 @@ class Gateway:
         )
         return listed
 
-    def operation_of(self, tool: str, arguments: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
-        """The logical operation of a call and the arguments to forward (see the module doc)."""
+    def operation_of(self, tool: str, arguments: Mapping[str, Any]) -> Operation:
+        """The guarded call a client call is, and the arguments to forward (see the module doc)."""
         forwarded = dict(arguments)
         named = forwarded.pop(OPERATION_ARG, None)
         if named is not None:
-            return f"mcp:{tool}:{named}", forwarded
+            return Operation(NAMED_SCOPE, f"{tool}:{named}", True, forwarded, f"mcp:{tool}:{named}")
         digest = digests.digest(digests.to_jsonable(forwarded, path="arguments"))
-        return f"mcp:{tool}:session:{self.session_id}:{digest}", forwarded
+        scope = f"mcp:session:{self.session_id}"
+        return Operation(scope, f"{tool}:{digest}", False, forwarded, f"{scope}:{tool}:{digest}")
 
     async def call(self, name: str, arguments: dict[str, Any]) -> types.CallToolResult:
         """Answer one client call: refuse, forward, reconcile, or run it through its contract."""
@@ -312,12 +322,12 @@ class Gateway:
             "to add a contract for it."
         )
 
-    def _status(self, run: records.RunRecord, operation_id: str) -> dict[str, Any]:
+    def _status(self, run: records.RunRecord) -> dict[str, Any]:
         steps = self.runtime.steps(run.run_id)
         step = steps[0] if steps else None
         body: dict[str, Any] = {
             "status": step.status.value if step is not None else run.status.value,
-            "operation_id": operation_id,
+            "operation_id": _client_operation(run),
             "run_id": run.run_id,
             "external_effect_id": step.external_effect_id if step is not None else None,
         }
@@ -329,34 +339,61 @@ class Gateway:
 
     def _contracted(self, name: str, arguments: dict[str, Any]) -> types.CallToolResult:
         tool_ref, _ = self.contracted[name]
-        operation_id, forwarded = self.operation_of(name, arguments)
-        run_id = f"mcp-{digests.sha256_hex(operation_id)[:32]}"
+        op = self.operation_of(name, arguments)
         try:
-            existed = self.runtime.store.get_run(run_id) is not None
-            run = self.runtime.start(
-                self.workflow,
-                run_id=run_id,
-                tool=tool_ref,
-                arguments=forwarded,
-                operation_id=operation_id,
+            self.runtime.guard(
+                tool_ref,
+                {"arguments": op.forwarded},
+                scope=op.scope,
+                call_id=op.call_id,
+                new_request=op.new_request,
             )
-            if existed and run.status is records.RunStatus.PAUSED:
-                # A repeat of an operation still in doubt: look again instead of calling again.
-                run = self.runtime.resume(run_id, by="mcp-gateway")
         except errors.IdempotencyConflict:
             return _refusal(
-                f"operation {operation_id!r} was already requested with other arguments; a new "
-                "request needs a new operation_id"
+                f"operation {op.operation_id!r} was already requested with other arguments; a "
+                "new request needs a new operation_id"
             )
+        except errors.NeedsPerson:
+            pass  # in doubt (or waiting for a person): the run's status says so
         except errors.EffectflowError as exc:
-            return _refusal(f"{exc.code}: {exc}")
-        body = self._status(run, operation_id)
+            if not isinstance(exc, errors.StepFailed):
+                return _refusal(f"{exc.code}: {exc}")
+        run = self.runtime.store.get_run(
+            guard.run_id_of(self.runtime.tenant, op.scope, op.call_id), tenant=self.runtime.tenant
+        )
+        if run is None:  # refused before anything was recorded
+            return _refusal(f"operation {op.operation_id!r} could not be recorded")
+        body = self._status(run)
         return _result(body, error=body["status"] not in {"confirmed", *_IN_DOUBT})
 
     def _reconcile(self) -> types.CallToolResult:
         touched = self.runtime.reconcile()
-        settled = [self._status(run, str(run.input.get("operation_id"))) for run in touched]
-        return _result({"status": "reconciled", "runs": settled})
+        return _result({"status": "reconciled", "runs": [self._status(run) for run in touched]})
+
+
+@dataclasses.dataclass(frozen=True)
+class Operation:
+    """A client call as a guarded call."""
+
+    #: The guarded call's scope: ``mcp`` for a named operation, else the MCP session.
+    scope: str
+    #: Its call id in the scope: the tool and the operation id, or the digest of the arguments.
+    call_id: str
+    #: Whether the client named the request (a named operation is never another's answer).
+    new_request: bool
+    #: The arguments the upstream gets (``operation_id`` stripped).
+    forwarded: dict[str, Any]
+    #: The operation as the client sees it in answers.
+    operation_id: str
+
+
+def _client_operation(run: records.RunRecord) -> str | None:
+    """The operation id an answer names: the client's own for a named call."""
+    if run.scope == NAMED_SCOPE and run.call_id is not None:
+        return f"mcp:{run.call_id}"
+    if run.scope is not None:
+        return f"{run.scope}:{run.call_id}"
+    return run.input.get("operation_id")  # a run an earlier gateway recorded
 
 
 async def serve(config: config_mod.GatewayConfig, db_url: str) -> None:
