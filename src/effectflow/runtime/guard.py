@@ -101,8 +101,13 @@ def operation_id(
     (so a regenerated call is the same operation), or the call id when every call is new (the
     contract's ``each_call_new``, or a repeat the host says the model asked for knowingly)."""
     if tool.contract.each_call_new or new_request:
-        return f"guard:{scope}:{call_id}"
+        return request_operation(scope, call_id)
     return f"guard:{scope}:{tool.name}:{request_digest(tool, arguments)}"
+
+
+def request_operation(scope: str, call_id: str) -> str:
+    """The logical operation of a call that is a request of its own: its scope and call id."""
+    return f"guard:{scope}:{call_id}"
 
 
 def run_id_of(tenant: str, scope: str, call_id: str) -> str:

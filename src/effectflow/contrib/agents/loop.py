@@ -3,9 +3,12 @@
 Each model call is a ``pure`` step (``model_turn_{n}``), so after a crash recovery replays the
 recorded answer and never asks the model again for a turn it already answered: a model is not
 deterministic, and a second answer could ask for other calls than the ones already made. Each tool
-call goes through ``ctx.call`` with an operation id bound to the run, the model message that issued
-it and its tool-call id (DESIGN §8): a model that reuses a tool-call id in a later message gets a new
-operation, not the first one's recorded result.
+call is a guarded call (the mechanism of ``Runtime.guard``, the LangGraph middleware and the MCP
+gateway) made inside the workflow: scope ``agent:<run label>``, call id ``<model message id>:<tool
+-call id>``. Because every turn is durable, no call is ever regenerated after a lost turn: the whole
+conversation is known, so every call is a request of its own (``guard.request_operation``) — a model
+that repeats a call, or reuses a tool-call id in a later message, gets a new operation, not the first
+one's recorded result (DESIGN §8, §10).
 
 Messages are kept in one neutral form, the Chat Completions one (assistant messages also carry their
 ``id``); ``AnthropicModel`` translates to and from the Messages API. Models are duck-typed: an object
@@ -25,6 +28,7 @@ from typing import Any, Protocol
 from effectflow import errors
 from effectflow.contracts.tool import Tool, tool
 from effectflow.contrib.agents import schemas
+from effectflow.runtime import guard
 from effectflow.runtime.context import Context
 
 
@@ -147,7 +151,9 @@ def run_agent(
                         f"{prefix}turn_{n}_call_{i}_{call.name}",
                         by_name[call.name],
                         call,
-                        operation_id=f"{label}:{message_id}:{call.id}",
+                        operation_id=guard.request_operation(
+                            f"agent:{label}", f"{message_id}:{call.id}"
+                        ),
                     )
                     outcomes[call.id] = outcome
                     content = json.dumps(outcome, sort_keys=True, default=str)
