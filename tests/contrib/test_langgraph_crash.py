@@ -98,12 +98,10 @@ def test_with_the_middleware_the_line_is_written_once(tmp_path: Path, durability
         assert out["answer"].startswith("tool said:")
     else:
         # "async" lost the turn: the regenerated call is the first one's operation (the test
-        # below makes this certain): held for a person, or answered as already done.
+        # below makes this certain), settled by its lookup and answered as already done.
         assert durability == "async"
-        if out["interrupts"]:
-            _assert_held_for_the_first_call(out, out["asked"][1])
-        else:
-            assert [m["status"] for m in out["tool_messages"]] == ["already_done"]
+        assert out["interrupts"] == []
+        assert [m["status"] for m in out["tool_messages"]] == ["already_done"]
     with ef.Runtime(f"sqlite:///{tmp_path / 'ledger.db'}") as rt:
         [effect] = rt.effects()
         if out["saved_calls"]:
@@ -112,16 +110,6 @@ def test_with_the_middleware_the_line_is_written_once(tmp_path: Path, durability
             assert run.input["call_id"] == out["asked"][0]
             assert effect.status is ef.StepStatus.CONFIRMED
             assert effect.external_effect_id == line["id"]
-
-
-def _assert_held_for_the_first_call(out: dict[str, Any], regenerated: str) -> None:
-    """The regenerated call stopped at effectflow's interrupt: the first call may have happened,
-    a person (or a recovery) must settle it; the model is told not to repeat it."""
-    [held] = out["interrupts"]
-    assert held["kind"] == "in_doubt"
-    assert held["next_action"] == "resolve"
-    assert held["tool_call_id"] == regenerated
-    assert "do not repeat it" in held["for_model"]
 
 
 @pytest.mark.parametrize(
@@ -136,18 +124,14 @@ def test_a_call_regenerated_after_a_lost_turn_is_not_written_again(
     gets a new tool-call id for the same line. effectflow takes it for the same operation as the
     first call and never writes again. With ``rt.recover()`` first, the lookup has confirmed the
     first call and the regenerated one answers ``already_done``. Resumed directly, the first call
-    is still in doubt: the guard either holds the regenerated call for a person (``interrupt``)
-    until the first is settled — here by ``rt.recover()``, then ``Command(resume={})`` — or
-    settles the first call itself through its lookup (its host is dead) and answers at once."""
+    is still in doubt: the guard takes its run over (its host is dead), settles it through its
+    lookup and answers ``already_done`` at once — nobody is interrupted."""
     out = _crash_and_resume(tmp_path, "async", "--effectflow", slow=True, resume=resume)
     assert out["lines"] == 1
     assert out["saved_calls"] == []
     first, regenerated = out["asked"]
-    if out["interrupts"]:
-        assert resume == ("--settle",), "rt.recover() first leaves nothing in doubt"
-        _assert_held_for_the_first_call(out, regenerated)
-        assert out["recovered"] == ["succeeded"]
-    elif resume == ("--recover",):
+    assert out["interrupts"] == []
+    if resume == ("--recover",):
         assert out["recovered"] == ["succeeded"]
     else:
         assert out["recovered"] == [], "the guard settled the first call itself"
