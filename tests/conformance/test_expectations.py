@@ -98,8 +98,8 @@ def test_a_failed_expectation_refuses_the_whole_batch(
         store.apply(batch, lease_ttl=TTL, now=T0)
     assert refused.value.run_id == "r1"
     assert snapshot(store, "r1") == before
-    assert store.get_decision("dec-1") is None
-    assert store.get_approval("APR-1") is None
+    assert store.get_decision("acme", "dec-1") is None
+    assert store.get_approval("acme", "APR-1") is None
 
 
 def test_in_a_group_commit_a_refused_batch_refuses_only_itself(store: LedgerStore) -> None:

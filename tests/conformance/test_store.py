@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import sqlite3
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -630,8 +632,16 @@ def test_decisions_are_pinned(store: LedgerStore) -> None:
     batch = Batch("r1", lease_token=None)
     batch.decisions.append(decision)
     store.apply(batch, lease_ttl=TTL, now=T0)
-    assert store.get_decision("dec_1") == decision
-    assert store.get_decision("dec_2") is None
+    assert store.get_decision("acme", "dec_1") == decision
+    assert store.get_decision("acme", "dec_2") is None
+    # Ids are per tenant: another tenant's id is unknown, and free to use.
+    assert store.get_decision("other", "dec_1") is None
+    theirs = DecisionRecord("dec_1", "other", "sha256:theirs", "eff_r1_send", T0)
+    batch = Batch("r1", lease_token=None)
+    batch.decisions.append(theirs)
+    store.apply(batch, lease_ttl=TTL, now=T0)
+    assert store.get_decision("other", "dec_1") == theirs
+    assert store.get_decision("acme", "dec_1") == decision
 
 
 # -- workers ----------------------------------------------------------------------------------------
@@ -750,3 +760,42 @@ def test_effects_in_doubt_leave_out_only_runs_under_a_live_lease(store: LedgerSt
     assert sorted(e.run_id for e in found) == ["expired", "failed", "paused", "unleased"]
     assert store.effects_in_doubt(tenant="other", now=T0 + 10) == []
     assert len(store.effects_in_doubt(tenant=None, now=T0 + 10, limit=2)) == 2
+
+
+def test_a_version_5_ledger_keeps_its_approvals_and_decisions_through_version_6(
+    tmp_path: Path,
+) -> None:
+    """Migration 6 rebuilds SQLite's approvals and decisions under per-tenant keys: the rows a
+    version-5 ledger holds are all there afterwards, and readable by their tenant."""
+    from effectflow.ledger import sqlite as sqlite_store
+
+    path = tmp_path / "v5.db"
+    conn = sqlite3.connect(path)
+    conn.execute(
+        "CREATE TABLE schema_migrations "
+        "(version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at REAL NOT NULL)"
+    )
+    for version, name, sql in sqlite_store.migrations():
+        if version > 5:
+            break
+        for statement in sqlite_store._split_sql(sql):
+            conn.execute(statement)
+        conn.execute("INSERT INTO schema_migrations VALUES (?, ?, 0)", (version, name))
+    conn.execute(
+        "INSERT INTO approvals VALUES ('APR-1', 'acme', 'r1', 's1', 'sha256:x', 'al', NULL, 1.0)"
+    )
+    conn.execute("INSERT INTO decisions VALUES ('DEC-1', 'acme', 'sha256:p', 'eff_1', 2.0)")
+    conn.commit()
+    conn.close()
+    store = sqlite_store.SQLiteStore(f"sqlite:///{path}")
+    try:
+        assert store.schema_version() >= 6
+        approval = store.get_approval("acme", "APR-1")
+        assert approval is not None
+        assert (approval.run_id, approval.approver) == ("r1", "al")
+        decision = store.get_decision("acme", "DEC-1")
+        assert decision is not None
+        assert decision.effect_id == "eff_1"
+        assert store.get_approval("beta", "APR-1") is None
+    finally:
+        store.close()

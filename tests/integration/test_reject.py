@@ -44,6 +44,17 @@ def refund_case(ctx: ef.Context, amount: int) -> dict[str, Any]:
         return {"declined": declined.message}
 
 
+@ef.tool("rj_lost", effect="external_write", effect_id="id")
+def lost(*, idempotency_key: str) -> dict[str, Any]:
+    """Its answer is always lost, and nothing can look it up: a person decides."""
+    raise ef.OutcomeUnknown("the answer was lost")
+
+
+@ef.workflow("rj_lost_case")
+def lost_case(ctx: ef.Context) -> Any:
+    return ctx.call("send", lost)
+
+
 @pytest.fixture
 def rt(any_ledger: str) -> Iterator[ef.Runtime]:
     SENT.clear()
@@ -190,3 +201,32 @@ def test_the_cli_the_api_and_the_console_decline(tmp_path: Path) -> None:
         for run_id in ("by-cli", "by-api", "by-console"):
             assert "declined" in rt.run(run_id).output
     assert SENT == []
+
+
+def test_approval_and_decision_ids_belong_to_their_tenant(any_ledger: str) -> None:
+    """Tenant B using the approval id and decision id tenant A used is not told they exist: each
+    tenant has its own id space, and B's decisions take effect."""
+    SENT.clear()
+    with ef.Runtime(any_ledger, tenant="a") as a, ef.Runtime(any_ledger, tenant="b") as b:
+        _paused(a, "ra")
+        _paused(b, "rb")
+        assert a.approve("ra", "refund", approver="al", approval_id="APR-1").status is (
+            ef.RunStatus.SUCCEEDED
+        )
+        run = b.approve("rb", "refund", approver="bo", approval_id="APR-1")
+        assert run.status is ef.RunStatus.SUCCEEDED
+        assert len(SENT) == 2
+
+        effects = {}
+        for rt, run_id in ((a, "la"), (b, "lb")):
+            assert rt.start(lost_case, run_id=run_id).status is ef.RunStatus.PAUSED
+            [effects[run_id]] = rt.effects(run_id=run_id)
+        for rt, run_id in ((a, "la"), (b, "lb")):
+            done = rt.resolve(
+                effects[run_id].effect_id,
+                committed=False,
+                evidence={"checked": run_id},
+                by="ops",
+                decision_id="DEC-1",
+            )
+            assert done.status is ef.StepStatus.NOT_COMMITTED

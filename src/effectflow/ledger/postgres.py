@@ -887,14 +887,20 @@ class PostgresStore:
         )
         return _from_row(OperationBinding, _OPERATION_FIELDS, rows[0]) if rows else None
 
-    def get_decision(self, decision_id: str) -> DecisionRecord | None:
+    def get_decision(self, tenant: str, decision_id: str) -> DecisionRecord | None:
         """A pinned decision, or None."""
-        rows = self._statement("SELECT * FROM decisions WHERE decision_id = %s", (decision_id,))
+        rows = self._statement(
+            "SELECT * FROM decisions WHERE tenant = %s AND decision_id = %s",
+            (tenant, decision_id),
+        )
         return _from_row(DecisionRecord, _DECISION_FIELDS, rows[0]) if rows else None
 
-    def get_approval(self, approval_id: str) -> records.ApprovalRecord | None:
+    def get_approval(self, tenant: str, approval_id: str) -> records.ApprovalRecord | None:
         """An approval by id, or None."""
-        rows = self._statement("SELECT * FROM approvals WHERE approval_id = %s", (approval_id,))
+        rows = self._statement(
+            "SELECT * FROM approvals WHERE tenant = %s AND approval_id = %s",
+            (tenant, approval_id),
+        )
         return _from_row(records.ApprovalRecord, _APPROVAL_FIELDS, rows[0]) if rows else None
 
     def approvals(self, run_id: str, step_id: str | None = None) -> list[records.ApprovalRecord]:

@@ -767,14 +767,20 @@ class SQLiteStore:
         )
         return OperationBinding(**dict(rows[0])) if rows else None
 
-    def get_decision(self, decision_id: str) -> DecisionRecord | None:
+    def get_decision(self, tenant: str, decision_id: str) -> DecisionRecord | None:
         """A pinned decision, or None."""
-        rows = self._all("SELECT * FROM decisions WHERE decision_id = ?", (decision_id,))
+        rows = self._all(
+            "SELECT * FROM decisions WHERE tenant = ? AND decision_id = ?",
+            (tenant, decision_id),
+        )
         return DecisionRecord(**dict(rows[0])) if rows else None
 
-    def get_approval(self, approval_id: str) -> records.ApprovalRecord | None:
+    def get_approval(self, tenant: str, approval_id: str) -> records.ApprovalRecord | None:
         """An approval by id, or None."""
-        rows = self._all("SELECT * FROM approvals WHERE approval_id = ?", (approval_id,))
+        rows = self._all(
+            "SELECT * FROM approvals WHERE tenant = ? AND approval_id = ?",
+            (tenant, approval_id),
+        )
         return records.ApprovalRecord(**dict(rows[0])) if rows else None
 
     def approvals(self, run_id: str, step_id: str | None = None) -> list[records.ApprovalRecord]:

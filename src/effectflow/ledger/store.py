@@ -406,12 +406,12 @@ class LedgerStore(Protocol):
         """The binding of a logical operation, or None."""
         ...
 
-    def get_decision(self, decision_id: str) -> DecisionRecord | None:
-        """A pinned decision, or None."""
+    def get_decision(self, tenant: str, decision_id: str) -> DecisionRecord | None:
+        """A pinned decision of this tenant, or None (ids are unique per tenant)."""
         ...
 
-    def get_approval(self, approval_id: str) -> records.ApprovalRecord | None:
-        """An approval by its id, or None."""
+    def get_approval(self, tenant: str, approval_id: str) -> records.ApprovalRecord | None:
+        """An approval of this tenant by its id, or None (ids are unique per tenant)."""
         ...
 
     def approvals(self, run_id: str, step_id: str | None = None) -> list[records.ApprovalRecord]:

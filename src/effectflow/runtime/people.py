@@ -224,7 +224,7 @@ def _replayed_decision(
     Raises:
         errors.IdempotencyConflict: it was recorded with other parameters (or another tenant).
     """
-    pinned = rt.store.get_decision(decision_id)
+    pinned = rt.store.get_decision(rt.tenant, decision_id)
     if pinned is None:
         return None
     if pinned.params_digest != params or pinned.tenant != rt.tenant:
@@ -407,7 +407,7 @@ def _replayed_approval(
     Raises:
         errors.IdempotencyConflict: it was recorded for another step, request or approver.
     """
-    used = rt.store.get_approval(approval_id)
+    used = rt.store.get_approval(rt.tenant, approval_id)
     if used is None:
         return False
     same = (used.tenant, used.run_id, used.step_id, used.approver) == (
