@@ -3,6 +3,10 @@
 One ``ef.Runtime`` per tenant, made on first use and closed on shutdown. Each bearer token maps to
 one tenant, and every read and action goes through that tenant's runtime, so another tenant's run or
 effect is simply not found: the answer is the same 404 as for an id that never existed.
+
+Every response carries the security headers of ``effectflow.api.hardening``; bodies over the limit
+are refused before any route runs, nesting and evidence size are capped, and tokens are compared in
+constant time. ``create_app``'s keyword arguments configure each of these.
 """
 
 from __future__ import annotations
@@ -13,19 +17,20 @@ import importlib
 import json
 import logging
 import threading
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
 import jsonschema
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, RedirectResponse, Response
 from starlette.routing import BaseRoute, Mount, Route
 
 from effectflow import errors
-from effectflow.api import idempotency, openapi, pagination, problems
+from effectflow.api import hardening, idempotency, openapi, pagination, problems
 from effectflow.contracts import registry as registry_module
 from effectflow.ledger import records
 from effectflow.runtime.runtime import Runtime
@@ -89,7 +94,7 @@ def _tenant(request: Request) -> str:
         raise problems.unauthorized("send Authorization: Bearer <token>")
     if scheme.lower() != "bearer" or not token.strip():
         raise problems.unauthorized("the Authorization header must be: Bearer <token>")
-    tenant = request.app.state.tokens.get(token.strip())
+    tenant = hardening.tenant_of(request.app.state.tokens, token.strip())
     if tenant is None:
         raise problems.unauthorized("unknown token")
     return str(tenant)
@@ -249,14 +254,24 @@ def _derived_id(tenant: str, key: str) -> str:
     return "api-" + hashlib.sha256(f"{tenant}\0{key}".encode()).hexdigest()[:32]
 
 
+def too_deep(limit: int) -> problems.Problem:
+    """The 400 for JSON nested deeper than ``limit`` (rather than a ``RecursionError``'s 500)."""
+    return problems.Problem(
+        400, "json_too_deep", f"the JSON nests deeper than {limit} levels", max_depth=limit
+    )
+
+
 async def _body(request: Request, schema: dict[str, Any]) -> dict[str, Any]:
     raw = await request.body()
+    settings = hardening.settings_of(request)
     if not raw.strip():
         data: Any = {}
     else:
         try:
-            data = json.loads(raw)
-        except (ValueError, UnicodeDecodeError):
+            data = hardening.loads_limited(raw, settings.max_json_depth)
+        except hardening.JSONTooDeep:
+            raise too_deep(settings.max_json_depth) from None
+        except ValueError:  # JSONDecodeError and UnicodeDecodeError
             raise problems.invalid("the body is not JSON") from None
     problems_found = sorted(
         jsonschema.Draft202012Validator(schema).iter_errors(data), key=lambda e: list(e.path)
@@ -274,7 +289,7 @@ async def _body(request: Request, schema: dict[str, Any]) -> dict[str, Any]:
 def _fingerprint(request: Request, raw: bytes) -> str:
     try:
         body = json.dumps(json.loads(raw), sort_keys=True, separators=(",", ":")) if raw else ""
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, RecursionError):  # not JSON, or too deep to re-encode: the bytes are
         body = raw.hex()
     text = f"{request.method} {request.url.path}\n{body}"
     return hashlib.sha256(text.encode()).hexdigest()
@@ -334,6 +349,8 @@ async def _run_action(
 ) -> Response:
     try:
         body = await _body(request, schema)
+        if "evidence" in body:
+            _check_evidence(request, body["evidence"])
         rt = request.app.state.runtimes.get(tenant)
         params = dict(request.path_params)
         result = await run_in_threadpool(act, rt, params, body, _derived_id(tenant, key))
@@ -348,6 +365,20 @@ async def _run_action(
         log.exception("%s %s failed", request.method, request.url.path)
         return _problem_response(
             request, problems.Problem(500, "internal_error", "the server failed; see its log")
+        )
+
+
+def _check_evidence(request: Request, evidence: Any) -> None:
+    """Refuse evidence over the stored-size cap: it would be kept in the effect and its audit event
+    forever, and copied into every read of the run's timeline."""
+    limit = hardening.settings_of(request).max_evidence_bytes
+    size = hardening.json_size(evidence)
+    if size > limit:
+        raise problems.Problem(
+            413,
+            "evidence_too_large",
+            f"the evidence is {size} bytes as JSON; this server stores at most {limit}",
+            max_bytes=limit,
         )
 
 
@@ -468,12 +499,32 @@ def api_routes() -> list[BaseRoute]:
     ]
 
 
+def _middleware(settings: hardening.Settings) -> list[Middleware]:
+    """Outermost first: headers go on every answer (a 413 too); the proxy's word on the scheme is
+    taken, where trusted, before anything looks at it; the body limit runs before any route."""
+    stack = [Middleware(hardening.SecurityHeaders)]
+    if settings.trust_proxy:
+        from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
+
+        stack.append(Middleware(ProxyHeadersMiddleware, trusted_hosts=list(settings.trust_proxy)))
+    stack.append(
+        Middleware(hardening.BodyLimit, max_bytes=settings.max_body_bytes, api_prefix=PREFIX)
+    )
+    return stack
+
+
 def create_app(
     db_url: str,
     tokens: dict[str, str],
     *,
     app_module: str | None = None,
     request_keys_path: str | None = None,
+    max_body_bytes: int = hardening.DEFAULT_MAX_BODY_BYTES,
+    max_evidence_bytes: int = hardening.DEFAULT_MAX_EVIDENCE_BYTES,
+    max_json_depth: int = hardening.DEFAULT_MAX_JSON_DEPTH,
+    trust_proxy: str | Sequence[str] | None = None,
+    secure_cookies: bool = False,
+    secret: str | bytes | None = None,
 ) -> Starlette:
     """The HTTP API over the ledger at ``db_url``.
 
@@ -485,9 +536,33 @@ def create_app(
             process); an object that is a ``Registry`` is used as the runtimes' registry.
         request_keys_path: The SQLite file of the Idempotency-Key table (default: beside a SQLite
             ledger; see ``effectflow.api.idempotency``).
+        max_body_bytes: Larger request bodies answer 413 before any route reads them.
+        max_evidence_bytes: Larger evidence (compact JSON) is refused: 413 ``evidence_too_large``
+            from the API, an explained error on the console's form.
+        max_json_depth: Deeper JSON (API bodies, the console's evidence) answers 400
+            ``json_too_deep``.
+        trust_proxy: The reverse proxies (IPs, CIDRs, ``*``; a list or comma-separated) whose
+            ``X-Forwarded-Proto`` and ``X-Forwarded-For`` are believed. Without it the headers are
+            ignored, so no client makes itself look like HTTPS.
+        secure_cookies: Mark the console's cookies ``Secure`` always (by default: on HTTPS
+            requests, as the server or a trusted proxy saw them).
+        secret: The key that signs the console's cookies (flash messages, the sign-in form token);
+            at least 16 bytes. Random per app by default; give one to share it between processes.
+
+    Raises:
+        errors.ArgumentError: no tokens, an empty token or tenant, a limit that is not a
+            positive integer, or a secret shorter than 16 bytes.
     """
     if not tokens or any(not t or not tenant for t, tenant in tokens.items()):
         raise errors.ArgumentError("tokens must map each non-empty token to a non-empty tenant")
+    settings = hardening.Settings.make(
+        max_body_bytes=max_body_bytes,
+        max_evidence_bytes=max_evidence_bytes,
+        max_json_depth=max_json_depth,
+        trust_proxy=trust_proxy,
+        secure_cookies=secure_cookies,
+        secret=secret,
+    )
     registry = load_app_module(app_module) if app_module else None
     runtimes = Runtimes(db_url, registry)
     keys = idempotency.RequestKeys(request_keys_path or idempotency.default_path(db_url))
@@ -508,9 +583,11 @@ def create_app(
         routes.append(Mount("/", routes=console))
     app = Starlette(
         routes=routes,
+        middleware=_middleware(settings),
         exception_handlers={HTTPException: _not_found},
         lifespan=lifespan,
     )
+    app.state.settings = settings
     app.state.tokens = dict(tokens)
     app.state.runtimes = runtimes
     app.state.request_keys = keys

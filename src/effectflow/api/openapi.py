@@ -221,6 +221,7 @@ def _action(
                 "401": _problem("Unauthorized"),
                 "404": _problem("NotFound"),
                 "409": _problem("Conflict"),
+                "413": _problem("TooLarge"),
                 "422": _problem("Unprocessable"),
             },
         }
@@ -298,6 +299,8 @@ _PROBLEM_SCHEMA = {
         "step_id": {"type": "string"},
         "effect_id": {"type": "string"},
         "errors": {"type": "array", "items": {"type": "string"}},
+        "max_bytes": {"type": "integer", "description": "The size limit that was exceeded."},
+        "max_depth": {"type": "integer", "description": "The nesting limit that was exceeded."},
     },
     "required": ["type", "title", "status", "detail", "instance", "code"],
 }
@@ -471,11 +474,18 @@ def document() -> dict[str, Any]:
             },
             "schemas": schemas,
             "responses": {
-                "BadRequest": _problem_response("A malformed request, parameter or cursor."),
+                "BadRequest": _problem_response(
+                    "A malformed request, parameter or cursor, or JSON nested too deep "
+                    "(`json_too_deep`)."
+                ),
                 "Unauthorized": _problem_response("No token, or an unknown one."),
                 "NotFound": _problem_response("No such run or effect in this tenant."),
                 "Conflict": _problem_response(
                     "Stale state, an id already used otherwise, or the same key in progress."
+                ),
+                "TooLarge": _problem_response(
+                    "The body is larger than the server accepts (`payload_too_large`, nothing of "
+                    "it was read), or the evidence larger than it stores (`evidence_too_large`)."
                 ),
                 "Unprocessable": _problem_response(
                     "The Idempotency-Key was used for another request, or the runtime refused an "

@@ -11,6 +11,7 @@ code                   status  when
 =====================  ======  ==========================================================
 unauthorized           401     no bearer token, or one the server does not know
 invalid_request        400     a malformed body, query parameter or cursor
+json_too_deep          400     a JSON body (or its evidence) nests deeper than the server allows
 idempotency_key_missing 400    an action without an ``Idempotency-Key`` header
 run_not_found          404     no such run *in this tenant* (another tenant's run looks missing)
 effect_not_found       404     no such effect in this tenant
@@ -21,6 +22,9 @@ idempotency_conflict   409     a decision / approval id was already used with ot
                                (the ledger's own idempotency: a conflict with its state)
 lease_lost             409     a worker holds the run
 request_in_progress    409     the same ``Idempotency-Key`` is being processed right now
+payload_too_large      413     the request body is larger than the server accepts (answered
+                               before any route runs: nothing of it is read or stored)
+evidence_too_large     413     a resolve's evidence is larger than the server stores
 idempotency_key_reused 422     the same ``Idempotency-Key`` was sent with another request
 bad_argument           422     the runtime refused an argument (``ArgumentError``)
 contract_error         422     the run's workflow or tools are not known to this server
@@ -48,6 +52,7 @@ _TITLES = {
     404: "Not Found",
     405: "Method Not Allowed",
     409: "Conflict",
+    413: "Content Too Large",
     422: "Unprocessable Content",
     500: "Internal Server Error",
 }
