@@ -171,6 +171,14 @@ class LedgerUnavailable(EffectflowError):
     code = "ledger_unavailable"
 
 
+class LedgerFileError(EffectflowError):
+    """The ledger named is not one this effectflow may open: not an SQLite file, another
+    application's database, a schema newer than this effectflow knows, or a read-only file that
+    needs an upgrade. Raised before anything is written: the file is left as it was."""
+
+    code = "ledger_file"
+
+
 class NeedsPerson(EffectflowError):
     """A guarded call cannot answer without a person: its effect may have happened (``kind``
     ``in_doubt``), or it waits for an approval (``approval``). Carries what an adapter needs to

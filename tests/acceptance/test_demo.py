@@ -38,7 +38,7 @@ def test_demo_recovers_from_sigkill_with_exactly_one_effect_each(tmp_path: Path)
 
 @pytest.mark.parametrize("tamper", ["edit", "delete"])
 def test_audit_verify_command_detects_tampering(tmp_path: Path, tamper: str) -> None:
-    """`effectflow audit verify` exits 0 on the demo's ledger and 1 once a row is edited or removed."""
+    """`effectflow audit verify` exits 0 on the demo's ledger and 4 once a row is edited or removed."""
     subprocess.run([EFFECTFLOW, "demo", "--dir", str(tmp_path)], capture_output=True, check=True)
     db = f"sqlite:///{tmp_path / 'effects.db'}"
     intact = subprocess.run(
@@ -55,5 +55,5 @@ def test_audit_verify_command_detects_tampering(tmp_path: Path, tamper: str) -> 
     broken = subprocess.run(
         [EFFECTFLOW, "audit", "verify", "--db", db], capture_output=True, text=True, check=False
     )
-    assert broken.returncode == 1
+    assert broken.returncode == 4  # tampered: its own code, not a failure to read
     assert "customer-case-92" in broken.stderr

@@ -24,6 +24,8 @@ EXIT_OK = 0
 EXIT_FAILURE = 1
 EXIT_USAGE = 2
 EXIT_ATTENTION = 3
+#: ``audit verify``: the ledger was read and it was tampered with (or damaged).
+EXIT_TAMPERED = 4
 
 app = typer.Typer(
     name="effectflow",
@@ -125,10 +127,20 @@ def audit_verify(
     run_id: Annotated[str | None, typer.Option("--run", help="Verify one run only.")] = None,
     as_json: JsonOption = False,
 ) -> None:
-    """Recompute every run's audit hash chain; exit 1 if any event was edited, added or removed."""
+    """Recompute every run's audit hash chain, read-only; exit 4 if any event was edited, added
+    or removed, 2 if the ledger could not be read."""
+    from effectflow import errors
     from effectflow.ledger.store import open_store
 
-    store = open_store(db)
+    ops_cli._require_ledger(db)
+    try:
+        store = open_store(ops_cli.read_only_url(db))
+    except errors.EffectflowError as exc:
+        if as_json:
+            typer.echo(json.dumps({"error": exc.to_dict()}), err=True)
+        else:
+            typer.echo(f"effectflow audit verify: {exc.message}", err=True)
+        raise typer.Exit(EXIT_USAGE) from None
     try:
         problems = store.verify_audit(run_id)
     finally:
@@ -150,7 +162,7 @@ def audit_verify(
             typer.echo(f"run {p.run_id}: {where}: {p.message}", err=True)
     else:
         typer.echo("audit log intact")
-    raise typer.Exit(EXIT_FAILURE if problems else EXIT_OK)
+    raise typer.Exit(EXIT_TAMPERED if problems else EXIT_OK)
 
 
 def main() -> None:

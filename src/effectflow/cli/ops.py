@@ -107,11 +107,32 @@ def _require_ledger(db: str) -> None:
         raise typer.BadParameter(f"no ledger at {path}", param_hint="--db")
 
 
+def read_only_url(db: str) -> str:
+    """The ledger URL opened read-only, for verbs that only read: an SQLite ledger gets SQLite's
+    read-only mode (``?mode=ro``), so a read can change nothing — not the journal mode, not a
+    migration — and a read-only file can still be read. Other backends are left to their own
+    permissions."""
+    if "://" in db and not db.startswith(("sqlite:", "file:")):
+        return db
+    if "://" not in db:
+        db = f"sqlite:///{db}"
+    if "mode=" in db.split("?", 1)[-1] and "?" in db:
+        return db
+    return f"{db}{'&' if '?' in db else '?'}mode=ro"
+
+
 @contextlib.contextmanager
 def _runtime(
-    verb: str, db: str, tenant: str, *, app: str | None = None, as_json: bool = False
+    verb: str,
+    db: str,
+    tenant: str,
+    *,
+    app: str | None = None,
+    as_json: bool = False,
+    read_only: bool = False,
 ) -> Iterator[Runtime]:
-    """A runtime on the ledger, closed afterwards; the runtime's errors become exit 1."""
+    """A runtime on the ledger, closed afterwards; the runtime's errors become exit 1 (a ledger
+    that cannot be opened: exit 2)."""
     from effectflow.contracts.registry import Registry
     from effectflow.runtime.runtime import Runtime
 
@@ -121,7 +142,7 @@ def _runtime(
         registry = loaded if isinstance(loaded, Registry) else None
     _require_ledger(db)
     try:
-        rt = Runtime(db, tenant=tenant, registry=registry)
+        rt = Runtime(read_only_url(db) if read_only else db, tenant=tenant, registry=registry)
     except errors.EffectflowError as exc:
         _fail(verb, exc, EXIT_USAGE, as_json)
     try:
@@ -183,7 +204,7 @@ def runs(
     says so, and `effectflow recover` continues it. A guarded call (`rt.guard`: a LangGraph tool
     call, an MCP client's call) shows the host's scope and call id, and `--scope` / `--call-id`
     find it by them."""
-    with _runtime("runs", db, tenant, as_json=as_json) as rt:
+    with _runtime("runs", db, tenant, as_json=as_json, read_only=True) as rt:
         runs = rt.runs(
             status=[s.value for s in status] if status else None,
             limit=limit,
@@ -211,7 +232,7 @@ def show(
     (external id, request and response digests, approval, compensation status) and the
     compensation that answers it; then the audit events in order, with actor and details.
     """
-    with _runtime("show", db, tenant, as_json=as_json) as rt:
+    with _runtime("show", db, tenant, as_json=as_json, read_only=True) as rt:
         tl = rt.timeline(run_id)
         view = rt.run_view(tl.run)
     if as_json:
@@ -235,7 +256,7 @@ def effects(
     as_json: JsonOption = False,
 ) -> None:
     """List External Effect Records: what happened, or may have, in outside systems."""
-    with _runtime("effects", db, tenant, as_json=as_json) as rt:
+    with _runtime("effects", db, tenant, as_json=as_json, read_only=True) as rt:
         found = rt.effects(run_id=run_id, status=[s.value for s in status] if status else None)
     if as_json:
         _emit_json([e.to_dict() for e in found])
@@ -255,7 +276,7 @@ def attention(
     Effects in doubt, steps waiting for approval and failed compensations, oldest first, each with
     the actions that settle it.
     """
-    with _runtime("attention", db, tenant, as_json=as_json) as rt:
+    with _runtime("attention", db, tenant, as_json=as_json, read_only=True) as rt:
         items = rt.attention()
     if as_json:
         _emit_json([i.to_dict() for i in items])

@@ -370,6 +370,15 @@ class PostgresStore:
                 "name TEXT NOT NULL, applied_at DOUBLE PRECISION NOT NULL)"
             )
             done = {row[0] for row in conn.execute("SELECT version FROM schema_migrations")}
+            known = migrations()[-1][0]
+            if done and max(done) > known:
+                import effectflow
+
+                raise errors.LedgerFileError(
+                    f"this PostgreSQL ledger is at schema version {max(done)}; this effectflow "
+                    f"({effectflow.__version__}) knows versions up to {known}. Upgrade effectflow "
+                    "to open it (pip install -U effectflow); nothing was changed"
+                )
             for version, name, sql in migrations():
                 if version in done:
                     continue

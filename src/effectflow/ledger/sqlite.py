@@ -229,19 +229,40 @@ class SQLiteStore:
         self.transient_errors: tuple[type[Exception], ...] = (sqlite3.OperationalError,)
         #: How long an idle worker sleeps between looks for work (no LISTEN/NOTIFY in SQLite).
         self.poll_interval = float(options.get("poll_interval", 0.1))
+        mode = options.get("mode", "rw").lower()
+        if mode not in ("rw", "ro"):
+            raise errors.ContractError(f"{url!r}: mode={mode!r}; use rw (the default) or ro")
+        #: Opened with SQLite's read-only mode (``?mode=ro``): nothing can be written, not even
+        #: the journal mode or a migration.
+        self.read_only = mode == "ro"
         if path != ":memory:":
-            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            _refuse_foreign_file(Path(path))
+            if not self.read_only:
+                Path(path).parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.RLock()
         #: How long a statement waits for another writer's lock before failing (seconds).
         self.busy_timeout = _seconds(url, options, "busy_timeout", 30.0)
+        target, uri = path, False
+        if self.read_only and path != ":memory:":
+            target, uri = f"{Path(path).absolute().as_uri()}?mode=ro", True
         self._conn = sqlite3.connect(
-            path, isolation_level=None, check_same_thread=False, timeout=self.busy_timeout
+            target,
+            isolation_level=None,
+            check_same_thread=False,
+            timeout=self.busy_timeout,
+            uri=uri,
         )
         self._conn.row_factory = sqlite3.Row
-        self._conn.execute("PRAGMA journal_mode=WAL")
-        self._conn.execute(f"PRAGMA synchronous={self.synchronous}")
+        try:
+            _check_schema(self._conn, path, read_only=self.read_only)
+        except BaseException:
+            self._conn.close()
+            raise
         self._conn.execute(f"PRAGMA busy_timeout={int(self.busy_timeout * 1000)}")
-        self.migrate()
+        if not self.read_only:
+            self._conn.execute("PRAGMA journal_mode=WAL")
+            self._conn.execute(f"PRAGMA synchronous={self.synchronous}")
+            self.migrate()
 
     def bound_waits(self, seconds: float) -> None:
         """A statement waits for another writer's lock at most ``seconds`` (and never past
@@ -874,6 +895,71 @@ def _filters(*, tenant: str | None, statuses: Sequence[str] | None) -> tuple[lis
         where.append(f"status IN ({', '.join('?' for _ in statuses)})")
         params.extend(statuses)
     return where, params
+
+
+#: The first bytes of every SQLite database file.
+_SQLITE_MAGIC = b"SQLite format 3\x00"
+
+
+def _refuse_foreign_file(path: Path) -> None:
+    """Refuse, before opening it, a file that is not an SQLite database (nothing is written)."""
+    try:
+        with path.open("rb") as fh:
+            head = fh.read(len(_SQLITE_MAGIC))
+    except FileNotFoundError:
+        return  # a new ledger
+    except OSError as exc:
+        raise errors.LedgerFileError(f"{path}: cannot be read ({exc.strerror})") from None
+    if head and head != _SQLITE_MAGIC:
+        raise errors.LedgerFileError(
+            f"{path} is not an SQLite database, so not an effectflow ledger; it was not touched. "
+            "Point the ledger URL at an effectflow ledger file (sqlite:///path/to/ledger.db), or "
+            "at a path that does not exist yet for a new one"
+        )
+
+
+def _check_schema(conn: sqlite3.Connection, path: str, *, read_only: bool) -> None:
+    """Refuse another application's database, a schema newer than this effectflow knows, and a
+    read-only ledger that needs an upgrade — read through ``sqlite_master`` only, so the file is
+    not changed (not even switched to WAL)."""
+    try:
+        tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    except sqlite3.DatabaseError as exc:
+        raise errors.LedgerFileError(
+            f"{path} cannot be read as an SQLite database ({exc}); it was not touched"
+        ) from None
+    known = migrations()[-1][0]
+    if "schema_migrations" not in tables:
+        if tables - {"sqlite_sequence"}:
+            raise errors.LedgerFileError(
+                f"{path} is an SQLite database of another application (tables: "
+                f"{', '.join(sorted(tables)[:5])}), not an effectflow ledger; it was not touched"
+            )
+        if read_only:
+            raise errors.LedgerFileError(
+                f"{path} holds no effectflow ledger yet, and it is opened read-only"
+            )
+        return
+    row = conn.execute("SELECT max(version) FROM schema_migrations").fetchone()
+    version = int(row[0] or 0)
+    if version > known:
+        raise errors.LedgerFileError(
+            f"{path} is an effectflow ledger at schema version {version}; this effectflow "
+            f"({_package_version()}) knows versions up to {known}. Upgrade effectflow to open it "
+            "(pip install -U effectflow); the file was not touched"
+        )
+    if read_only and version < known:
+        raise errors.LedgerFileError(
+            f"{path} is at schema version {version} and this effectflow reads version {known}: "
+            "it must be upgraded first, which a read-only open cannot do. Run any command that "
+            "writes (e.g. effectflow recover) once, with write access"
+        )
+
+
+def _package_version() -> str:
+    import effectflow
+
+    return str(effectflow.__version__)
 
 
 def migrations() -> list[tuple[int, str, str]]:
