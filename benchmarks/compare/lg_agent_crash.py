@@ -17,9 +17,11 @@ calls made (a) by calling the function directly, (b) as the plain LangChain tool
 (the whole guarded call: argument check, the ledger's run, intent, call, outcome, the JSON
 ``ToolMessage``); and M one-call agent conversations (``agent.invoke`` on a new thread, SqliteSaver)
 without and with the middleware, per durability. Also, to split the cost: ``rt.guard`` called
-directly, and the middleware's argument check alone. Measured before the crash trials (their
-subprocesses and file churn disturb the disk); repetitions interleaved; µs per call as median and
-min – max; overhead = the paired difference within each repetition. Run::
+directly, the middleware's argument check alone (its validator, built once per tool), and
+``jsonschema.validate`` of the same arguments (the check the middleware made before commit
+24cfac5, which also checks the schema against its metaschema on every call). Measured before the
+crash trials (their subprocesses and file churn disturb the disk); repetitions interleaved; µs per
+call as median and min – max; overhead = the paired difference within each repetition. Run::
 
     .venv/bin/python benchmarks/compare/lg_agent_crash.py --trials 5
 """
@@ -54,6 +56,7 @@ from langgraph.prebuilt.tool_node import ToolCallRequest, ToolRuntime
 import effectflow as ef
 from effectflow.contrib import langgraph as ef_langgraph
 from effectflow.contrib.agents import schemas
+from effectflow.contrib.langgraph import middleware as ef_middleware
 
 HERE = Path(__file__).resolve().parent
 CHILD = HERE / "lg_agent_child.py"
@@ -184,6 +187,12 @@ def overhead(folder: Path, calls: int, invokes: int, repeats: int) -> dict[str, 
                 child.PLAIN_TOOL.invoke(_tool_call(i, tag))
 
         def check_only(tag: str) -> None:
+            # What wrap_tool_call does: the validator it built once per tool (lru_cache).
+            for i in range(calls):
+                ef_middleware._validator(child.append_line).validate(_tool_call(i, tag)["args"])
+
+        def check_per_call(tag: str) -> None:
+            # What it did before 24cfac5: jsonschema.validate, the schema itself checked each call.
             schema = schemas.parameters_schema(child.append_line)
             for i in range(calls):
                 jsonschema.validate(_tool_call(i, tag)["args"], schema)
@@ -210,8 +219,10 @@ def overhead(folder: Path, calls: int, invokes: int, repeats: int) -> dict[str, 
         configs: list[tuple[str, Callable[[str], None], int]] = [
             ("function, direct", direct, calls),
             ("plain LangChain tool.invoke", plain_tool, calls),
-            ("jsonschema.validate of the arguments, as the middleware calls it", check_only,
+            ("the middleware's argument check: its validator, built once per tool", check_only,
              calls),
+            ("jsonschema.validate of the arguments (the middleware's check before 24cfac5)",
+             check_per_call, calls),
             ("rt.guard, direct", guard, calls),
             ("EffectflowMiddleware.wrap_tool_call", wrapped, calls),
         ]  # fmt: skip
