@@ -69,6 +69,9 @@ def resolve_body(effect: ef.EffectRecord, evidence: Any) -> dict[str, Any]:
         ("GET", "/api/v1/runs", 401),
         ("GET", "/api/v1/nothing", 404),
         ("DELETE", "/api/v1/runs/r1", 405),
+        ("GET", "/login", 200),
+        ("GET", "/static/console.js", 200),
+        ("GET", "/static/nothing.css", 404),
     ],
 )
 def test_every_answer_carries_the_security_headers(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
+from typing import Any
 
 from starlette.applications import Starlette
 from starlette.testclient import TestClient
@@ -12,9 +13,18 @@ from starlette.testclient import TestClient
 from effectflow.testing import MailProvider
 
 
-def signed_in(app: Starlette, token: str = "tok-acme") -> TestClient:
-    client = TestClient(app)
-    answer = client.post("/login", data={"token": token, "next": "/runs"}, follow_redirects=False)
+def login_csrf_of(html: str) -> str:
+    found = re.search(r'name="login_csrf" value="([^"]+)"', html)
+    assert found, "no sign-in form token on the page"
+    return found.group(1)
+
+
+def signed_in(app: Starlette, token: str = "tok-acme", **client_args: Any) -> TestClient:
+    """A client signed in as an operator would: the sign-in form first, then its post."""
+    client = TestClient(app, **client_args)
+    form = client.get("/login")
+    data = {"token": token, "next": "/runs", "login_csrf": login_csrf_of(form.text)}
+    answer = client.post("/login", data=data, follow_redirects=False)
     assert answer.status_code == 303
     return client
 
@@ -28,7 +38,8 @@ def csrf_of(html: str) -> str:
 def test_pages_need_a_sign_in_and_refuse_an_unknown_token(console_app: Starlette) -> None:
     client = TestClient(console_app)
     assert client.get("/runs", follow_redirects=False).headers["location"].startswith("/login")
-    refused = client.post("/login", data={"token": "nope"})
+    form = login_csrf_of(client.get("/login").text)
+    refused = client.post("/login", data={"token": "nope", "login_csrf": form})
     assert refused.status_code == 401
     assert "not known" in refused.text
 

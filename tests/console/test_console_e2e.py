@@ -9,72 +9,19 @@ and sees the run continue to its end. Screenshots of each stage are saved under
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
-import signal
-import socket
-import subprocess
-import sys
-import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from starlette.applications import Starlette
 
 from effectflow.testing import MailProvider
 
-from .conftest import TOKENS
-
-ROOT = Path(__file__).resolve().parents[2]
-SHOTS = ROOT / "test-output" / "console"
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-EFFECTFLOW = shutil.which("effectflow", path=str(Path(sys.executable).parent)) or "effectflow"
+from .conftest import CHROMIUM, SHOTS
 
 pytestmark = pytest.mark.skipif(
     CHROMIUM is None, reason="Debian's chromium is not installed (.ci/run installs it)"
 )
-
-
-@pytest.fixture
-def served(console_app: Starlette, world: Path) -> Iterator[str]:
-    """`effectflow serve` in its own process, on the ledger the fixture prepared."""
-    del console_app  # prepared the ledger (a paused run); the served app is `effectflow serve`'s
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    env = {
-        **os.environ,
-        "EFFECTFLOW_TEST_DIR": str(world),
-        "EFFECTFLOW_TOKENS": ",".join(f"{t}={tenant}" for t, tenant in TOKENS.items()),
-        "PYTHONPATH": str(ROOT),
-    }
-    command = [
-        EFFECTFLOW, "serve", "--db", f"sqlite:///{world / 'ledger.db'}",
-        "--port", str(port), "--app", "tests.console.app",
-    ]  # fmt: skip
-    log = (world / "serve.log").open("wb")
-    proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            try:
-                with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-                    break
-            except OSError:
-                time.sleep(0.05)
-        else:
-            raise AssertionError((world / "serve.log").read_text())
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.close()
 
 
 def test_an_operator_confirms_an_unknown_effect_and_the_run_continues(
