@@ -1,4 +1,9 @@
-"""``effectflow serve``: the HTTP API (and the web console, when installed) under uvicorn."""
+"""``effectflow serve``: the HTTP API (and the web console, when installed) under uvicorn.
+
+Each hardening option of ``create_app`` is an option here (and an ``EFFECTFLOW_*`` variable). uvicorn's
+own proxy-header handling is switched off: by default it believes ``X-Forwarded-Proto`` from
+127.0.0.1, so any local client could claim HTTPS; ``--trust-proxy`` names the proxies instead.
+"""
 
 from __future__ import annotations
 
@@ -54,6 +59,23 @@ def load_tokens(path: Path) -> dict[str, str]:
     return tokens
 
 
+def load_secret(path: Path | None) -> str | None:
+    """The cookie-signing secret from ``path`` (its text, stripped), else ``EFFECTFLOW_SECRET``,
+    else None (a random one per process).
+
+    Raises:
+        typer.BadParameter: the file cannot be read.
+    """
+    if path is not None:
+        try:
+            return path.read_text(encoding="utf-8").strip()
+        except OSError as exc:
+            raise typer.BadParameter(
+                f"cannot read {path}: {exc}", param_hint="--secret-file"
+            ) from exc
+    return os.environ.get("EFFECTFLOW_SECRET") or None
+
+
 def serve(
     db: Annotated[
         str,
@@ -84,6 +106,60 @@ def serve(
             help="SQLite file of the Idempotency-Key table (default: beside a SQLite ledger).",
         ),
     ] = None,
+    max_body_bytes: Annotated[
+        int | None,
+        typer.Option(
+            "--max-body-bytes",
+            envvar="EFFECTFLOW_MAX_BODY_BYTES",
+            min=1,
+            help="Larger request bodies answer 413 before any route reads them "
+            "(default: 1048576, 1 MiB).",
+        ),
+    ] = None,
+    max_evidence_bytes: Annotated[
+        int | None,
+        typer.Option(
+            "--max-evidence-bytes",
+            envvar="EFFECTFLOW_MAX_EVIDENCE_BYTES",
+            min=1,
+            help="Larger evidence (as compact JSON) is refused: 413 from the API, explained on "
+            "the console's form (default: 65536, 64 KiB).",
+        ),
+    ] = None,
+    max_json_depth: Annotated[
+        int | None,
+        typer.Option(
+            "--max-json-depth",
+            envvar="EFFECTFLOW_MAX_JSON_DEPTH",
+            min=1,
+            help="Deeper JSON bodies and evidence answer 400 json_too_deep (default: 32).",
+        ),
+    ] = None,
+    trust_proxy: Annotated[
+        str | None,
+        typer.Option(
+            "--trust-proxy",
+            envvar="EFFECTFLOW_TRUST_PROXY",
+            help="Comma-separated IPs or CIDRs of reverse proxies (or '*') whose "
+            "X-Forwarded-Proto / X-Forwarded-For are believed; without it they are ignored.",
+        ),
+    ] = None,
+    secure_cookies: Annotated[
+        bool,
+        typer.Option(
+            "--secure-cookies",
+            envvar="EFFECTFLOW_SECURE_COOKIES",
+            help="Mark the console's cookies Secure always (default: on HTTPS requests).",
+        ),
+    ] = False,
+    secret_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--secret-file",
+            help="File holding the key that signs the console's cookies (at least 16 bytes); "
+            "else EFFECTFLOW_SECRET; else random per process.",
+        ),
+    ] = None,
 ) -> None:
     """Serve the HTTP API under /api/v1 (OpenAPI at /api/v1/openapi.json); SIGTERM exits 0."""
     import uvicorn
@@ -99,10 +175,24 @@ def serve(
         raise typer.BadParameter(
             "give --tokens FILE or set EFFECTFLOW_TOKENS", param_hint="--tokens"
         )
+    # Limits not given keep create_app's defaults (this module imports no server package, so the
+    # CLI works without the server extra).
+    given = {"max_body_bytes": max_body_bytes, "max_evidence_bytes": max_evidence_bytes}
+    given["max_json_depth"] = max_json_depth
+    limits = {name: value for name, value in given.items() if value is not None}
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
     try:
-        application = create_app(db, tokens, app_module=app, request_keys_path=request_keys)
+        application = create_app(
+            db,
+            tokens,
+            app_module=app,
+            request_keys_path=request_keys,
+            trust_proxy=trust_proxy,
+            secure_cookies=secure_cookies,
+            secret=load_secret(secret_file),
+            **limits,
+        )
     except (ImportError, AttributeError) as exc:
         raise typer.BadParameter(f"cannot load {app!r}: {exc}", param_hint="--app") from exc
     except errors.EffectflowError as exc:
@@ -115,4 +205,4 @@ def serve(
         pass
 
     signal.signal(signal.SIGTERM, stopped)
-    uvicorn.run(application, host=host, port=port, log_level="info")
+    uvicorn.run(application, host=host, port=port, log_level="info", proxy_headers=False)
