@@ -7,12 +7,14 @@ against `effectflow serve` in its own process.
   attacker's tenant) is refused, from another site and from another port of the same host alike.
 * A link with a forged ``?msg=`` shows no banner.
 * Times read as dates in the browser's time zone, and the run page fits a narrow window.
+* A form keeps what the operator typed after an error.
 * An approval whose resumed tool takes 3 s does not hold up other requests: ``/api/v1/health`` is
   measured from another thread while it runs.
 """
 
 from __future__ import annotations
 
+import re
 import shutil
 import threading
 import time
@@ -177,8 +179,19 @@ def test_headers_login_csrf_forged_messages_times_and_layout(
             assert widths[2] == widths[0], widths
             shot(page, tmp_path, "security-3-run-narrow")
 
+            # A form keeps what was typed after an error (here a trailing comma in the evidence).
+            page.set_viewport_size({"width": 1280, "height": 900})
             page.goto(f"{served}/attention")
-            expect(page.get_by_role("heading", name="Needs attention")).to_be_visible()
+            confirm = page.get_by_role("form", name=re.compile("^Confirm eff_"))
+            typed = '{"external_effect_id": "msg_1",}'
+            confirm.get_by_label(re.compile("^Evidence")).fill(typed)
+            confirm.get_by_label("Your name").fill("oncall-ana")
+            confirm.get_by_role("button", name="Confirm with evidence").click()
+            expect(page.get_by_role("alert")).to_contain_text("evidence is not JSON")
+            confirm = page.get_by_role("form", name=re.compile("^Confirm eff_"))
+            expect(confirm.get_by_label(re.compile("^Evidence"))).to_have_value(typed)
+            expect(confirm.get_by_label("Your name")).to_have_value("oncall-ana")
+            shot(page, tmp_path, "security-5-form-kept-after-error")
             assert violations == []
         finally:
             browser.close()
