@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import re
 import warnings
 from pathlib import Path
 
@@ -142,7 +143,9 @@ def test_the_console_finds_a_hosts_calls(tmp_path: Path) -> None:
     site.state.runtimes = Runtimes()
     try:
         with TestClient(site) as client:
-            client.post("/login", data={"token": "tok-acme", "next": "/runs"})
+            form = re.search(r'name="login_csrf" value="([^"]+)"', client.get("/login").text)
+            assert form is not None  # the sign-in form's own token (login CSRF)
+            client.post("/login", data={"token": "tok-acme", "login_csrf": form.group(1)})
             page = client.get("/runs", params={"scope": THREAD}).text
             assert made[f"{THREAD}|call_1"] in page
             assert made[f"{THREAD}|call_2"] in page

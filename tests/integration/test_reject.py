@@ -186,7 +186,10 @@ def test_the_cli_the_api_and_the_console_decline(tmp_path: Path) -> None:
     site.state.runtimes = Runtimes()
     try:
         with TestClient(site) as client:
-            client.post("/login", data={"token": "tok", "next": "/attention"})
+            form = re.search(r'name="login_csrf" value="([^"]+)"', client.get("/login").text)
+            assert form is not None  # the sign-in form's own token (login CSRF)
+            signing_in = {"token": "tok", "next": "/attention", "login_csrf": form.group(1)}
+            client.post("/login", data=signing_in)
             page = client.get("/attention").text
             assert "Decline refund" in page
             csrf = re.search(r'name="csrf" value="([0-9a-f]+)"', page)
