@@ -9,7 +9,7 @@ import enum
 import json
 import os
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -121,48 +121,115 @@ def demo(
     raise typer.Exit(runner.run(folder, console))
 
 
-@audit_app.command("verify")
-def audit_verify(
-    db: DbOption = "sqlite:///effectflow.db",
-    run_id: Annotated[str | None, typer.Option("--run", help="Verify one run only.")] = None,
-    as_json: JsonOption = False,
-) -> None:
-    """Recompute every run's audit hash chain, read-only; exit 4 if any event was edited, added
-    or removed, 2 if the ledger could not be read."""
+def _open_for_audit(verb: str, db: str, as_json: bool) -> Any:
+    """The ledger opened read-only for an audit verb; a ledger that cannot be read exits 2."""
     from effectflow import errors
     from effectflow.ledger.store import open_store
 
     ops_cli._require_ledger(db)
     try:
-        store = open_store(ops_cli.read_only_url(db))
+        return open_store(ops_cli.read_only_url(db))
     except errors.EffectflowError as exc:
         if as_json:
             typer.echo(json.dumps({"error": exc.to_dict()}), err=True)
         else:
-            typer.echo(f"effectflow audit verify: {exc.message}", err=True)
+            typer.echo(f"effectflow audit {verb}: {exc.message}", err=True)
         raise typer.Exit(EXIT_USAGE) from None
+
+
+_UNKEYED = (
+    "no audit key ({env}): the chains are plain sha256, so only accidental damage is detectable; "
+    "someone who can write the ledger can recompute them. Set {env} (or {env}_FILE) where the "
+    "ledger is written and verified"
+)
+
+
+@audit_app.command("verify")
+def audit_verify(
+    db: DbOption = "sqlite:///effectflow.db",
+    run_id: Annotated[str | None, typer.Option("--run", help="Verify one run only.")] = None,
+    against: Annotated[
+        Path | None,
+        typer.Option(
+            "--against",
+            help="A head exported earlier (effectflow audit head): every run in it must still "
+            "be there, its chains reaching the exported heads.",
+            exists=True,
+            dir_okay=False,
+        ),
+    ] = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Verify the ledger, read-only: every run's audit events and seals (HMAC-chained with the
+    key in EFFECTFLOW_AUDIT_KEY, when the ledger is keyed), its state rows against what was
+    written, and with --against a head exported earlier. Exit 0 intact, 4 tampered or damaged,
+    2 the ledger (or head file) could not be read."""
+    from effectflow.ledger import audit
+
+    store = _open_for_audit("verify", db, as_json)
     try:
-        problems = store.verify_audit(run_id)
+        key = store.audit_key
+        problems = [audit.Problem(p.run_id, p.seq, p.message) for p in store.verify_audit(run_id)]
+        if against is not None:
+            try:
+                head = json.loads(against.read_text(encoding="utf-8"))
+                if head.get("format") != "effectflow-audit-head/1":
+                    raise ValueError("not an effectflow audit head")
+            except (OSError, ValueError) as exc:
+                typer.echo(f"effectflow audit verify: --against {against}: {exc}", err=True)
+                raise typer.Exit(EXIT_USAGE) from None
+            problems += audit.check_head(head, audit.materials(store), key)
     finally:
         store.close()
+    note = None if key is not None else _UNKEYED.format(env=audit.KEY_ENV)
     if as_json:
-        typer.echo(
-            json.dumps(
-                {
-                    "ok": not problems,
-                    "problems": [
-                        {"run_id": p.run_id, "seq": p.seq, "message": p.message} for p in problems
-                    ],
-                }
-            )
-        )
-    elif problems:
-        for p in problems:
-            where = f"event {p.seq}" if p.seq is not None else "chain"
-            typer.echo(f"run {p.run_id}: {where}: {p.message}", err=True)
+        body = {
+            "ok": not problems,
+            "keyed": key is not None,
+            "problems": [
+                {"run_id": p.run_id, "seq": p.seq, "message": p.message} for p in problems
+            ],
+        }
+        typer.echo(json.dumps(body))
     else:
-        typer.echo("audit log intact")
+        for p in problems:
+            where = (
+                "chain" if p.seq is None else (f"event {p.seq}" if p.seq > 0 else f"seal {-p.seq}")
+            )
+            typer.echo(f"run {p.run_id}: {where}: {p.message}", err=True)
+        if not problems:
+            typer.echo("audit log intact" + ("" if against is None else f", and reaches {against}"))
+        if note:
+            typer.echo(note, err=True)
     raise typer.Exit(EXIT_TAMPERED if problems else EXIT_OK)
+
+
+@audit_app.command("head")
+def audit_head(
+    db: DbOption = "sqlite:///effectflow.db",
+    out: Annotated[
+        Path | None, typer.Option("--out", help="Write the head here (default: stdout).")
+    ] = None,
+) -> None:
+    """Export the ledger's head: every run's event and seal heads, signed with the audit key.
+    Keep these exports outside the ledger (another machine, a bucket with object lock); `audit
+    verify --against HEADFILE` then finds a run deleted, or its newest writes cut, since."""
+    from effectflow.ledger import audit
+
+    store = _open_for_audit("head", db, False)
+    try:
+        head = audit.export_head([audit.head_entry(m) for m in audit.materials(store).values()],
+                                 store.audit_key)  # fmt: skip
+    finally:
+        store.close()
+    text = json.dumps(head, indent=1, sort_keys=True) + "\n"
+    if out is None:
+        typer.echo(text, nl=False)
+    else:
+        out.write_text(text, encoding="utf-8")
+        typer.echo(f"{len(head['runs'])} run(s) -> {out}", err=True)
+    if head["key_id"] is None:
+        typer.echo(_UNKEYED.format(env=audit.KEY_ENV), err=True)
 
 
 def main() -> None:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import itertools
 import json
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -145,8 +144,9 @@ _RUN_COLUMNS = [_column(f) for f in _RUN_FIELDS]
 _INSERT_RUN = (
     f"INSERT INTO runs ({', '.join(_RUN_COLUMNS)}, audit_head, audit_count) "
     f"VALUES ({', '.join('%s' for _ in _RUN_COLUMNS)}, %s, 0) "
-    "ON CONFLICT (run_id) DO NOTHING RETURNING audit_head, audit_count, control_json"
+    "ON CONFLICT (run_id) DO NOTHING RETURNING *"
 )
+_INSERT_SEAL = audit_chain.INSERT_SEAL.replace("?", "%s")
 _INSERT_AUDIT = (
     "INSERT INTO audit (run_id, step_id, effect_id, kind, actor, detail_json, at, prev_hash, hash) "
     "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)"
@@ -289,6 +289,8 @@ class PostgresStore:
 
     def __init__(self, url: str) -> None:
         self.url = url
+        #: The operator's audit key (``EFFECTFLOW_AUDIT_KEY``): chains are HMACs with it.
+        self.audit_key = audit_chain.key_from_env()
         conninfo, options = parse_url(url)
         try:
             pool_max = int(options.get("pool_max", "8"))
@@ -625,7 +627,7 @@ class PostgresStore:
             head = _one(
                 conn,
                 "UPDATE runs SET lease_expires_at = %s WHERE run_id = %s AND lease_token = %s "
-                "RETURNING audit_head, audit_count, control_json",
+                "RETURNING *",
                 (now + lease_ttl, batch.run_id, batch.lease_token),
             )
             if head is None:
@@ -637,8 +639,7 @@ class PostgresStore:
         elif head is None:
             head = _one(
                 conn,
-                "SELECT audit_head, audit_count, control_json FROM runs WHERE run_id = %s "
-                "FOR UPDATE",
+                "SELECT * FROM runs WHERE run_id = %s FOR UPDATE",
                 (batch.run_id,),
             )
             if head is None:
@@ -669,6 +670,7 @@ class PostgresStore:
             (_UPSERT_ATTEMPT, _ATTEMPT_FIELDS, batch.attempts.values()),
         ]
         changes = dict(batch.run_changes)
+        assert head is not None  # the fence, the insert or the read above found the run
         with conn.cursor() as cur:
             for sql, fields, records_ in writes:
                 values = [_row_values(record, fields) for record in records_]
@@ -676,9 +678,23 @@ class PostgresStore:
                     cur.executemany(sql, values)
             if batch.audit:
                 events, changes["audit_head"], changes["audit_count"] = _chain(
-                    batch, head["audit_head"], head["audit_count"]
+                    batch, head["audit_head"], head["audit_count"], self.audit_key
                 )
                 cur.executemany(_INSERT_AUDIT, events)
+            sealed = audit_chain.seal_batch(
+                batch,
+                _run(head),
+                head["seal_head"],
+                head["seal_count"],
+                changes,
+                changes["audit_head"] if batch.audit else head["audit_head"],
+                changes["audit_count"] if batch.audit else head["audit_count"],
+                now,
+                self.audit_key,
+            )
+            if sealed is not None:
+                cur.execute(_INSERT_SEAL, sealed[0])
+                changes["seal_head"], changes["seal_count"] = sealed[1], sealed[2]
             if changes:
                 changes.setdefault("updated_at", now)
                 assignments = ", ".join(f"{_column(k)} = %s" for k in changes)
@@ -933,40 +949,14 @@ class PostgresStore:
         return [_event(r) for r in rows]
 
     def verify_audit(self, run_id: str | None = None) -> list[AuditProblem]:
-        """Recompute every chain (or one run's) and compare with the heads on the runs.
+        """Recompute every run's chains (or one run's) and compare its rows with their seals
+        (``audit.verify``), with the operator's audit key when the ledger is keyed."""
+        found = audit_chain.verify(self, run_id, self.audit_key)
+        return [AuditProblem(p.run_id, p.seq, p.message) for p in found]
 
-        Runs and events are streamed in run-id order through server-side cursors and merged, so the
-        whole log never sits in memory. Byte order (``COLLATE "C"``) matches SQLite's.
-        """
-        where, params = ("WHERE run_id = %s", (run_id,)) if run_id is not None else ("", ())
-        with self._transaction() as conn:
-            with (
-                conn.cursor("effectflow_heads", row_factory=dict_row) as heads,
-                conn.cursor("effectflow_events", row_factory=dict_row) as events,
-            ):
-                heads.execute(
-                    f"SELECT run_id, audit_head, audit_count FROM runs {where} "
-                    'ORDER BY run_id COLLATE "C"',
-                    params,
-                )
-                events.execute(
-                    f'SELECT * FROM audit {where} ORDER BY run_id COLLATE "C", seq', params
-                )
-                events.itersize = 1000
-                problems = _verify_chains(heads, events)
-            orphans = (
-                _rows(
-                    conn,
-                    'SELECT DISTINCT run_id COLLATE "C" AS run_id FROM audit WHERE NOT EXISTS '
-                    "(SELECT 1 FROM runs WHERE runs.run_id = audit.run_id) ORDER BY 1",
-                )
-                if run_id is None  # one run's check is about that run's chain only
-                else []
-            )
-        problems.extend(
-            AuditProblem(r["run_id"], None, "events of a run that does not exist") for r in orphans
-        )
-        return problems
+    def audit_rows(self, sql: str, params: Sequence[Any]) -> list[dict[str, Any]]:
+        """Rows of a read-only query (``?`` placeholders), for ``audit.verify``."""
+        return [dict(r) for r in self._statement(sql.replace("?", "%s"), params)]
 
     def close(self) -> None:
         """Close the pool and the listening connection (waits for a ``wait_for_work`` in progress
@@ -983,7 +973,9 @@ class PostgresStore:
         return f"PostgresStore({where!r}, pool_max={self.pool_max})"
 
 
-def _chain(batch: Batch, prev: str, count: int) -> tuple[list[tuple[Any, ...]], str, int]:
+def _chain(
+    batch: Batch, prev: str, count: int, key: bytes | None
+) -> tuple[list[tuple[Any, ...]], str, int]:
     """The batch's audit rows chained onto ``prev``; returns them with the new head and length."""
     rows = []
     for draft in batch.audit:
@@ -996,6 +988,7 @@ def _chain(batch: Batch, prev: str, count: int) -> tuple[list[tuple[Any, ...]], 
             actor=draft.actor,
             detail=draft.detail,
             at=draft.at,
+            key=key,
         )
         rows.append(
             (
@@ -1013,24 +1006,6 @@ def _chain(batch: Batch, prev: str, count: int) -> tuple[list[tuple[Any, ...]], 
         prev = digest
         count += 1
     return rows, prev, count
-
-
-def _verify_chains(heads: Iterable[Row], events: Iterable[Row]) -> list[AuditProblem]:
-    """Merge runs and events (both in run-id order) and check each run's chain against its head."""
-    problems: list[AuditProblem] = []
-    groups = itertools.groupby(events, key=lambda r: str(r["run_id"]))
-    group = next(groups, None)
-    for head in heads:
-        rid = head["run_id"]
-        while group is not None and group[0] < rid:  # events of a missing run: reported apart
-            group = next(groups, None)
-        chain: Iterable[Row] = ()
-        if group is not None and group[0] == rid:
-            chain = group[1]
-        problems.extend(_verify_chain(head, (_event(r) for r in chain)))
-        if group is not None and group[0] == rid:
-            group = next(groups, None)
-    return problems
 
 
 def _verify_chain(head: Row, events: Iterable[records.AuditEvent]) -> list[AuditProblem]:

@@ -125,7 +125,7 @@ _RUN_COLUMNS = [_column(f) for f in _RUN_FIELDS]
 _INSERT_RUN = (
     f"INSERT INTO runs ({', '.join(_RUN_COLUMNS)}, audit_head, audit_count) "
     f"VALUES ({', '.join('?' for _ in _RUN_COLUMNS)}, ?, 0) "
-    "ON CONFLICT (run_id) DO NOTHING RETURNING audit_head, audit_count, control_json"
+    "ON CONFLICT (run_id) DO NOTHING RETURNING *"
 )
 
 
@@ -235,6 +235,8 @@ class SQLiteStore:
         #: Opened with SQLite's read-only mode (``?mode=ro``): nothing can be written, not even
         #: the journal mode or a migration.
         self.read_only = mode == "ro"
+        #: The operator's audit key (``EFFECTFLOW_AUDIT_KEY``): chains are HMACs with it.
+        self.audit_key = audit_chain.key_from_env()
         if path != ":memory:":
             _refuse_foreign_file(Path(path))
             if not self.read_only:
@@ -450,7 +452,7 @@ class SQLiteStore:
         if batch.lease_token is not None:
             head = conn.execute(
                 "UPDATE runs SET lease_expires_at = ? WHERE run_id = ? AND lease_token = ? "
-                "RETURNING audit_head, audit_count, control_json",
+                "RETURNING *",
                 (now + lease_ttl, batch.run_id, batch.lease_token),
             ).fetchone()
             if head is None:
@@ -460,10 +462,7 @@ class SQLiteStore:
                     run_id=batch.run_id,
                 )
         elif head is None:
-            head = conn.execute(
-                "SELECT audit_head, audit_count, control_json FROM runs WHERE run_id = ?",
-                (batch.run_id,),
-            ).fetchone()
+            head = conn.execute("SELECT * FROM runs WHERE run_id = ?", (batch.run_id,)).fetchone()
             if head is None:
                 raise errors.RunNotFound(f"run {batch.run_id} does not exist", run_id=batch.run_id)
         for expectation in batch.expectations:
@@ -536,6 +535,7 @@ class SQLiteStore:
                     actor=draft.actor,
                     detail=draft.detail,
                     at=draft.at,
+                    key=self.audit_key,
                 )
                 rows.append(
                     (
@@ -559,6 +559,20 @@ class SQLiteStore:
             )
             changes["audit_head"] = prev
             changes["audit_count"] = count
+        sealed = audit_chain.seal_batch(
+            batch,
+            _run(head),
+            head["seal_head"],
+            head["seal_count"],
+            changes,
+            changes.get("audit_head", head["audit_head"]),
+            changes.get("audit_count", head["audit_count"]),
+            now,
+            self.audit_key,
+        )
+        if sealed is not None:
+            conn.execute(audit_chain.INSERT_SEAL, sealed[0])
+            changes["seal_head"], changes["seal_count"] = sealed[1], sealed[2]
         if changes:
             changes.setdefault("updated_at", now)
             cols = [(_column(k), _dumps(v) if k in _JSON_FIELDS else v) for k, v in changes.items()]
@@ -823,58 +837,14 @@ class SQLiteStore:
         return [_from_row(records.AuditEvent, _AUDIT_FIELDS, r) for r in rows]
 
     def verify_audit(self, run_id: str | None = None) -> list[AuditProblem]:
-        """Recompute every chain (or one run's) and compare with the heads on the runs."""
-        if run_id is None:
-            heads = self._all("SELECT run_id, audit_head, audit_count FROM runs ORDER BY run_id")
-        else:
-            heads = self._all(
-                "SELECT run_id, audit_head, audit_count FROM runs WHERE run_id = ?", (run_id,)
-            )
-        problems: list[AuditProblem] = []
-        for head in heads:
-            rid = head["run_id"]
-            prev = audit_chain.genesis(rid)
-            count = 0
-            for event in self.audit(rid):
-                count += 1
-                if event.prev_hash != prev:
-                    problems.append(
-                        AuditProblem(rid, event.seq, "prev_hash does not match the previous event")
-                    )
-                expected = audit_chain.event_hash(
-                    prev,
-                    run_id=event.run_id,
-                    step_id=event.step_id,
-                    effect_id=event.effect_id,
-                    kind=event.kind,
-                    actor=event.actor,
-                    detail=event.detail,
-                    at=event.at,
-                )
-                if event.hash != expected:
-                    problems.append(
-                        AuditProblem(rid, event.seq, "content does not match its hash (edited)")
-                    )
-                prev = event.hash
-            if count != head["audit_count"] or prev != head["audit_head"]:
-                problems.append(
-                    AuditProblem(
-                        rid,
-                        None,
-                        f"chain has {count} events ending in {prev[:12]}, the run records "
-                        f"{head['audit_count']} ending in {head['audit_head'][:12]} "
-                        "(events were removed or added)",
-                    )
-                )
-        if run_id is None:  # events whose run row is gone (a whole run deleted around the chain)
-            orphans = self._all(
-                "SELECT DISTINCT run_id FROM audit WHERE run_id NOT IN (SELECT run_id FROM runs)"
-            )
-            problems.extend(
-                AuditProblem(r["run_id"], None, "events of a run that does not exist")
-                for r in orphans
-            )
-        return problems
+        """Recompute every run's chains (or one run's) and compare its rows with their seals
+        (``audit.verify``), with the operator's audit key when the ledger is keyed."""
+        found = audit_chain.verify(self, run_id, self.audit_key)
+        return [AuditProblem(p.run_id, p.seq, p.message) for p in found]
+
+    def audit_rows(self, sql: str, params: Sequence[Any]) -> list[dict[str, Any]]:
+        """Rows of a read-only query (``?`` placeholders), for ``audit.verify``."""
+        return [dict(r) for r in self._all(sql, params)]
 
     def close(self) -> None:
         """Close the connection."""
