@@ -71,7 +71,7 @@ def test_bad_calls_go_back_to_the_model_and_the_run_goes_on(rt: ef.Runtime) -> N
     assert lookup["status"] == "done"
     assert lookup["result"]["payment_id"] == "pay_17"
     assert email["status"] == "done"
-    assert email["operation_id"] == "guard:agent:agent-unit-1:scripted_3:c2"
+    assert email["operation_id"] == 'guard:["agent:agent-unit-1","scripted_3:c2"]'
     assert "no tool named 'agent_refund_everyone'" in unknown["error"]
     assert check["tool_call_id"] == "c2"
     assert check["happened"] is True

@@ -67,8 +67,8 @@ def test_killed_after_the_email_recovers_without_reasking_or_repeating(tmp_path:
         ops = {e.step_id: e.logical_operation_id for e in rt.effects(run_id=agent_app.RUN_ID)}
     # The refund reuses turn 1's tool-call id ``call_1``: its operation names its own message.
     assert ops == {
-        "turn_2_call_1_agent_refund_payment": f"guard:agent:{agent_app.RUN_ID}:msg_2:call_1",
-        agent_app.EMAIL_STEP: f"guard:agent:{agent_app.RUN_ID}:msg_2:call_2",
+        "turn_2_call_1_agent_refund_payment": f'guard:["agent:{agent_app.RUN_ID}","msg_2:call_1"]',
+        agent_app.EMAIL_STEP: f'guard:["agent:{agent_app.RUN_ID}","msg_2:call_2"]',
     }
 
 

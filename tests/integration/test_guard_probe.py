@@ -347,7 +347,6 @@ def test_known_call_ids_cannot_be_abused_into_a_second_effect(any_ledger: str) -
     assert len(app.records()) == 2
 
 
-@pytest.mark.xfail(strict=True, reason=KNOWN_IDS_STRING)
 def test_known_call_ids_given_as_a_string_is_refused(any_ledger: str) -> None:
     with ef.Runtime(any_ledger) as rt:
         rt.guard(app.send, SEND, scope="t", call_id="1")
@@ -376,7 +375,6 @@ def _digest_call_id() -> str:
     return f"gp_send:{guard_mod.request_digest(app.send, dict(SEND))}"
 
 
-@pytest.mark.xfail(strict=True, reason=COLON_COLLISION)
 @pytest.mark.parametrize(
     ("tool", "first", "second"),
     [
@@ -403,7 +401,6 @@ def test_different_host_ids_are_never_one_request(
     assert len(app.records()) == 2
 
 
-@pytest.mark.xfail(strict=True, reason=COLON_COLLISION)
 def test_colliding_host_ids_with_other_arguments_are_not_refused(any_ledger: str) -> None:
     with ef.Runtime(any_ledger) as rt:
         rt.guard(app.send, SEND, scope="a:b", call_id="c", new_request=True)

@@ -312,9 +312,9 @@ def _truth(
                 f"exactly one email exists ({emails}; mail API calls: {', '.join(sends)})",
             ),
             (
-                operations.get(EMAIL_STEP) == f"guard:agent:{RUN_ID}:msg_02:call_2"
+                operations.get(EMAIL_STEP) == f'guard:["agent:{RUN_ID}","msg_02:call_2"]'
                 and operations.get("turn_2_call_1_support_refund_payment")
-                == f"guard:agent:{RUN_ID}:msg_02:call_1",
+                == f'guard:["agent:{RUN_ID}","msg_02:call_1"]',
                 "each tool call's operation names the run, the model message and the tool-call "
                 "id (turn 2 reuses turn 1's call_1: a new operation, not a replay)",
             ),

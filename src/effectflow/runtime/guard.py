@@ -102,12 +102,16 @@ def operation_id(
     contract's ``each_call_new``, or a repeat the host says the model asked for knowingly)."""
     if tool.contract.each_call_new or new_request:
         return request_operation(scope, call_id)
-    return f"guard:{scope}:{tool.name}:{request_digest(tool, arguments)}"
+    return "guard:" + digests.canonical_json([scope, tool.name, request_digest(tool, arguments)])
 
 
 def request_operation(scope: str, call_id: str) -> str:
-    """The logical operation of a call that is a request of its own: its scope and call id."""
-    return f"guard:{scope}:{call_id}"
+    """The logical operation of a call that is a request of its own: its scope and call id.
+
+    The parts are a JSON array, never joined with a separator a host id may contain: scope
+    ``"a:b"`` with call ``"c"`` and scope ``"a"`` with call ``"b:c"`` are two requests, and a
+    request (two parts) is never a call's operation (three parts)."""
+    return "guard:" + digests.canonical_json([scope, call_id])
 
 
 def run_id_of(tenant: str, scope: str, call_id: str) -> str:
@@ -155,6 +159,13 @@ def call(
 ) -> Guarded:
     """``Runtime.guard`` (documented there)."""
     made = _checked(rt, tool, scope, call_id)
+    if isinstance(known_call_ids, str | bytes) or not all(
+        isinstance(c, str) for c in known_call_ids
+    ):
+        raise errors.ArgumentError(
+            f"guarded call of {made.ref}: known_call_ids must be a collection of call ids "
+            f"(strings), not {known_call_ids!r}; nothing was recorded"
+        )
     if not isinstance(arguments, Mapping):
         raise errors.ArgumentError(
             f"guarded call of {made.ref}: arguments must be a mapping of parameter names to "
