@@ -737,13 +737,23 @@ class PostgresStore:
             return
         row = _one(
             conn,
-            "SELECT request_digest FROM operations WHERE tenant = %s AND logical_operation_id = %s",
+            "SELECT request_digest, run_id, step_id FROM operations "
+            "WHERE tenant = %s AND logical_operation_id = %s",
             (op.tenant, op.logical_operation_id),
         )
         if row is None or row["request_digest"] != op.request_digest:
             raise errors.IdempotencyConflict(
                 f"logical operation {op.logical_operation_id!r} is already bound to another "
                 "request; a new request needs a new operation id",
+                run_id=op.run_id,
+                step_id=op.step_id,
+                idempotency_key=op.idempotency_key,
+            )
+        if (row["run_id"], row["step_id"]) != (op.run_id, op.step_id):
+            # Two steps reached the intent of one operation at the same moment: one makes it.
+            raise errors.IdempotencyConflict(
+                f"logical operation {op.logical_operation_id!r} is being made by run "
+                f"{row['run_id']} (step {row['step_id']}); this step is answered by it",
                 run_id=op.run_id,
                 step_id=op.step_id,
                 idempotency_key=op.idempotency_key,

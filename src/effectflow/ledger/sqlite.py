@@ -632,6 +632,15 @@ class SQLiteStore:
                 step_id=op.step_id,
                 idempotency_key=op.idempotency_key,
             )
+        if (row["run_id"], row["step_id"]) != (op.run_id, op.step_id):
+            # Two steps reached the intent of one operation at the same moment: one makes it.
+            raise errors.IdempotencyConflict(
+                f"logical operation {op.logical_operation_id!r} is being made by run "
+                f"{row['run_id']} (step {row['step_id']}); this step is answered by it",
+                run_id=op.run_id,
+                step_id=op.step_id,
+                idempotency_key=op.idempotency_key,
+            )
 
     def claim(
         self, run_id: str, *, owner: str, expected_token: int, ttl: float, now: float

@@ -72,11 +72,33 @@ def _run(
     scope: str,
     call_id: str,
     new_request: bool = False,
+    operation: str | None = None,
 ) -> Any:
-    """The built-in workflow: one step, the contracted call, under its logical operation."""
+    """The built-in workflow: one step, the contracted call, under the logical operation its
+    first call decided (``operation``; runs recorded before it existed derive it).
+
+    Two calls of one operation that reach their intents at the same moment (a call and its
+    regenerated copy, from two hosts) cannot both bind it: the ledger refuses the second binding
+    in its transaction. That one then waits for the first to settle and is answered by it."""
     made = ctx._state.runtime.registry.tool(tool)
-    op_id = operation_id(made, arguments, scope, call_id, new_request=new_request)
-    return ctx.call(STEP_ID, made, operation_id=op_id, **arguments)
+    op_id = operation or operation_id(made, arguments, scope, call_id, new_request=new_request)
+    deadline = time.monotonic() + IN_PROGRESS_WAIT
+    while True:
+        try:
+            return ctx.call(STEP_ID, made, operation_id=op_id, **arguments)
+        except errors.IdempotencyConflict:
+            store, tenant = ctx._state.runtime.store, ctx._state.run.tenant
+            binding = store.get_operation(tenant, op_id)
+            if (
+                binding is None
+                or binding.run_id == ctx.run_id
+                or binding.request_digest != request_digest(made, arguments)
+                or time.monotonic() > deadline
+                or STEP_ID in ctx._state.steps
+            ):
+                raise
+            time.sleep(0.05)  # the other call is being made: ask again once it is recorded
+            ctx._state.seen.discard(STEP_ID)  # nothing of the step was recorded: the same step
 
 
 #: The workflow every runtime registers (``Runtime`` adds it to its registry).
@@ -182,25 +204,32 @@ def call(
     }
     recorded = rt.store.get_run(run_id, tenant=rt.tenant)
     if recorded is not None:
-        # A replay: whether it was a new request was decided, and recorded, at the first call.
-        if recorded.input.get("new_request"):
-            input["new_request"] = True
-    elif new_request or _new_request(rt, made, normalized, scope, call_id, run_id, known_call_ids):
+        # A replay: the operation was decided, and recorded, at the first call.
+        for name in ("new_request", "operation"):
+            if name in recorded.input:
+                input[name] = recorded.input[name]
+    elif new_request or made.contract.each_call_new:
+        # Declared a request of its own (an MCP operation_id, a tool whose repeats are normal).
         input["new_request"] = True
+        input["operation"] = request_operation(scope, call_id)
+    else:
+        input["operation"] = _decide_operation(
+            rt, made, normalized, scope, call_id, run_id, known_call_ids
+        )
     deadline = time.monotonic() + IN_PROGRESS_WAIT
     while True:
         try:
             run = rt.start(WORKFLOW, run_id=run_id, **input)
-        except errors.LeaseLost:
-            # The same call is being executed by another live process: wait for its answer.
+            if run.status is RunStatus.RUNNING and time.monotonic() < deadline:
+                time.sleep(0.05)  # another thread here executes it: ask again once it ended
+                continue
+            return answer(rt, run)
+        except (errors.LeaseLost, errors.StaleState):
+            # The same call is being executed (or resumed) by another live caller at this
+            # moment: wait for its answer.
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.05)
-            continue
-        if run.status is not RunStatus.RUNNING or time.monotonic() > deadline:
-            break
-        time.sleep(0.05)  # another thread here executes it: ask again once it ended
-    return answer(rt, run)
 
 
 async def call_async(
@@ -241,7 +270,7 @@ _HAPPENED = frozenset(
 )
 
 
-def _new_request(
+def _decide_operation(
     rt: Runtime,
     tool: Tool[..., Any],
     arguments: dict[str, Any],
@@ -249,66 +278,69 @@ def _new_request(
     call_id: str,
     run_id: str,
     known_call_ids: Collection[str],
-) -> bool:
-    """Whether a call id not recorded yet is a request of its own, when another call of this scope
-    already made the same call (the same tool and canonical arguments: the same logical
-    operation). Asked only at a call id's first call; a replay keeps what was decided then.
+) -> str:
+    """The logical operation of a call id not recorded yet, when other calls of this scope made
+    the same call (the same tool and canonical arguments). Decided at a call id's first call and
+    recorded with its run (``input["operation"]``); a replay keeps it.
 
-    The earlier call is settled first: a call left in doubt by a dead host is recovered here (its
-    intent, its key, its lookup), one waiting for a person raises ``NeedsPerson`` naming *that*
-    call — so a repeat never makes a second effect while the first may still have happened, and a
-    person is asked about one call, not two. Then:
+    Every earlier call of the same request is settled first: one left in doubt by a dead host is
+    recovered here (its intent, its key, its lookup), one waiting for a person raises
+    ``NeedsPerson`` naming *that* call — so a repeat is never made while an earlier one may still
+    have happened, and a person is asked about one call, not two. Then, of the calls that
+    happened, the latest decides:
 
-    - the earlier call happened: this one is the same operation (answered as already done), unless
-      the host's conversation still shows the earlier call (``known_call_ids``): the model asked
-      for it again knowingly, so it is a new request (DESIGN §10);
-    - the earlier call provably did not happen (rejected, not committed, failed, cancelled): this
-      one is a new request — it is the first that may.
+    - none happened (declined, rejected, not committed, failed): this call is a request of its
+      own, the first that may happen;
+    - the host's conversation shows the latest one's result (``known_call_ids``): the model asked
+      again knowingly, a request of its own (DESIGN §10);
+    - else this call is that one regenerated (the host lost the turn that showed it): the same
+      operation, answered with its result.
     """
-    if tool.contract.each_call_new:
-        return False  # every call id is its own operation already
-    op_id = operation_id(tool, arguments, scope, call_id)
-    binding = rt.store.get_operation(rt.tenant, op_id)
-    if binding is not None:
-        if binding.run_id == run_id:
-            return False
-        original = rt.store.get_run(binding.run_id, tenant=rt.tenant)
-        step_id = binding.step_id
-    else:
-        # No intent yet: the same call may still wait for its approval, before any binding.
-        original, step_id = _waiting_before_intent(rt, op_id, scope, run_id), STEP_ID
-    if original is None:
-        return False
-    step = _settled_earlier_call(rt, tool, scope, original, step_id)
-    if step is not None and step.status in _HAPPENED:
-        return original.input.get("call_id") in set(known_call_ids)
-    return True
+    own = request_operation(scope, call_id)
+    family = _same_calls(rt, tool, arguments, scope, run_id)
+    if not family:
+        return operation_id(tool, arguments, scope, call_id)
+    happened: list[records.RunRecord] = []
+    for earlier in family:
+        step = _settled_earlier_call(rt, tool, scope, earlier, STEP_ID)
+        if step is not None and step.status in _HAPPENED:
+            happened.append(earlier)
+    if not happened:
+        return own
+    latest = happened[-1]
+    if latest.input.get("call_id") in set(known_call_ids):
+        return own
+    return str(latest.input.get("operation") or _recorded_operation(rt, tool, latest))
 
 
-def _waiting_before_intent(
-    rt: Runtime, op_id: str, scope: str, run_id: str
-) -> records.RunRecord | None:
-    """A guarded call of this scope for the same operation that has not reached its intent (it
-    waits for an approval, or is about to be made): found by the scope's open runs, which are few."""
-    for run in rt.store.list_runs(
-        tenant=rt.tenant, scope=scope, statuses=[RunStatus.PAUSED, RunStatus.RUNNING], limit=1000
-    ):
-        if run.run_id == run_id or run.workflow != WORKFLOW_NAME:
-            continue
-        try:
-            made = rt.registry.tool(str(run.input.get("tool")))
-            theirs = operation_id(
-                made,
-                dict(run.input.get("arguments") or {}),
-                scope,
-                str(run.input.get("call_id")),
-                new_request=bool(run.input.get("new_request")),
-            )
-        except errors.EffectflowError:
-            continue  # a tool this process does not know cannot be this call's
-        if theirs == op_id:
-            return run
-    return None
+def _same_calls(
+    rt: Runtime, tool: Tool[..., Any], arguments: dict[str, Any], scope: str, run_id: str
+) -> list[records.RunRecord]:
+    """The scope's other guarded calls of this tool with these canonical arguments, oldest
+    first (a scope — a thread, a session — holds few calls; its runs are indexed by scope)."""
+    found = [
+        run
+        for run in rt.store.list_runs(tenant=rt.tenant, scope=scope, limit=10_000)
+        if run.run_id != run_id
+        and run.workflow == WORKFLOW_NAME
+        and str(run.input.get("tool", "")).split("@", 1)[0] == tool.name
+        and run.input.get("arguments") == arguments
+    ]
+    return sorted(found, key=lambda r: r.created_at)
+
+
+def _recorded_operation(rt: Runtime, tool: Tool[..., Any], run: records.RunRecord) -> str:
+    """The operation a guarded call recorded before ``input["operation"]`` existed."""
+    step = next((s for s in rt.store.steps(run.run_id) if s.step_id == STEP_ID), None)
+    if step is not None and step.logical_operation_id:
+        return step.logical_operation_id
+    return operation_id(
+        tool,
+        dict(run.input.get("arguments") or {}),
+        str(run.input.get("scope")),
+        str(run.input.get("call_id")),
+        new_request=bool(run.input.get("new_request")),
+    )
 
 
 def _settled_earlier_call(
@@ -329,7 +361,8 @@ def _settled_earlier_call(
         with _still_running(tool, scope, original):
             original = rt.start(WORKFLOW, run_id=original.run_id, **original.input)
     if original.status is RunStatus.PAUSED and original.workflow == WORKFLOW_NAME:
-        answer(rt, original)  # resumes it if a person settled it since; else NeedsPerson for it
+        with _still_running(tool, scope, original):
+            answer(rt, original)  # resumes it if a person settled it since; else NeedsPerson
         original = rt.store.get_run(original.run_id, tenant=rt.tenant) or original
     step = next((s for s in rt.store.steps(original.run_id) if s.step_id == step_id), None)
     open_run = original.status in (RunStatus.RUNNING, RunStatus.PAUSED, RunStatus.CANCELLING)
@@ -353,7 +386,7 @@ def _still_running(tool: Tool[..., Any], scope: str, original: records.RunRecord
     """An earlier call another live process executes is being checked, not a second call."""
     try:
         yield
-    except errors.LeaseLost:
+    except (errors.LeaseLost, errors.StaleState):
         raise errors.NeedsPerson(
             f"the same call ({tool.ref} with the same arguments in scope {scope!r}) is being made "
             f"as call {original.run_id} by another process; it is not done again",

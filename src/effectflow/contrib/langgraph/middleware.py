@@ -256,18 +256,42 @@ def _declined(rt: Runtime, exc: errors.StepRejected) -> str | None:
 
 
 def _conversation_call_ids(state: Any, current: str) -> frozenset[str]:
-    """The tool-call ids of the earlier calls the graph's conversation still shows (DESIGN §10):
-    a repeat of one of them is the model asking again knowingly, a new request; a repeat of a
-    call the conversation lost (a turn whose checkpoint was not written) was regenerated."""
+    """The tool-call ids of the earlier calls whose *result* the graph's conversation shows
+    (DESIGN §10): a repeat of one of them is the model asking again knowingly, a new request. A
+    call the model was told may have happened (or waits for approval) is not among them, nor one
+    whose turn was lost: a repeat of those is the same call, never made twice."""
     messages = state.get("messages", []) if isinstance(state, Mapping) else []
     if not isinstance(messages, list):
         return frozenset()
+    answered = {
+        str(m.tool_call_id): m.content
+        for m in messages
+        if isinstance(m, ToolMessage) and m.tool_call_id
+    }
     return frozenset(
         str(call.get("id"))
         for message in messages
         for call in getattr(message, "tool_calls", None) or ()
-        if isinstance(call, Mapping) and call.get("id") and call.get("id") != current
+        if isinstance(call, Mapping)
+        and call.get("id")
+        and call.get("id") != current
+        and _shows_result(answered.get(str(call.get("id"))))
     )
+
+
+def _shows_result(content: Any) -> bool:
+    """Whether a ToolMessage's content shows the call's result (effectflow's JSON says whether it
+    happened; another tool's message is its result)."""
+    if content is None:
+        return False
+    if isinstance(content, str):
+        try:
+            body = json.loads(content)
+        except ValueError:
+            return True
+        if isinstance(body, dict) and "happened" in body:
+            return body["happened"] is True
+    return True
 
 
 def _done(done: Guarded) -> dict[str, Any]:
