@@ -318,7 +318,6 @@ def test_a_regenerated_copy_of_a_knowing_repeat_is_answered_by_that_repeat(
     assert len(app.records()) == 2
 
 
-@pytest.mark.xfail(strict=True, reason=NEW_REQUEST_IN_DOUBT)
 def test_a_new_request_is_not_sent_while_the_same_call_is_in_doubt(any_ledger: str) -> None:
     """As for a repeat the conversation shows: a request the host names new (new_request=True)
     of the same tool and arguments waits for the call in doubt to be settled."""
@@ -632,7 +631,6 @@ def test_an_approval_a_decline_and_a_replay_at_the_same_moment(any_ledger: str) 
                 p.close()
 
 
-@pytest.mark.xfail(strict=True, reason=COMPENSATION_DECLINED)
 def test_declining_a_compensation_keeps_the_call_as_it_happened(any_ledger: str) -> None:
     """The charge is done; the goal is abandoned (rt.compensate); its refund waits for approval
     and a person declines it (the approval's step is the compensation's). The charge stands: the

@@ -364,8 +364,50 @@ def _run_compensation(
     except requests.Suspend:
         return comp_step_id
     except errors.StepFailed as exc:
+        declined = state.steps.get(comp_step_id)
+        if declined is not None and (declined.error or {}).get("code") == "approval_declined":
+            _compensation_declined(state, step, effect, comp_step_id, declined.error or {})
+            return None
         return _compensation_failed(state, step, effect, comp_step_id, exc.message)
     return None
+
+
+def _compensation_declined(
+    state: state_mod.RunState,
+    step: records.StepRecord,
+    effect: records.EffectRecord,
+    comp_step_id: str,
+    error: dict[str, Any],
+) -> None:
+    """A person declined the compensation (``rt.reject``): the effect stands, kept by that
+    decision — nothing failed, and nobody is asked again."""
+    now = state.now()
+    batch = state.batch()
+    fresh = state.runtime.store.get_effect(effect.effect_id) or effect
+    batch.effect(
+        dataclasses.replace(
+            fresh,
+            compensation_status="kept",
+            next_action=NextAction.NONE,
+            version=fresh.version + 1,
+            updated_at=now,
+        )
+    )
+    owner = dataclasses.replace(
+        state.steps[step.step_id], compensation_status="kept", updated_at=now
+    )
+    state.steps[step.step_id] = owner
+    batch.step(owner)
+    batch.event(
+        "compensation_declined",
+        now,
+        step_id=step.step_id,
+        effect_id=effect.effect_id,
+        compensation_step=comp_step_id,
+        actor=str(error.get("by") or "operator"),
+        reason=error.get("reason"),
+    )
+    state.runtime.commit(state, batch)
 
 
 def _compensation_problem(

@@ -209,7 +209,10 @@ def call(
             if name in recorded.input:
                 input[name] = recorded.input[name]
     elif new_request or made.contract.each_call_new:
-        # Declared a request of its own (an MCP operation_id, a tool whose repeats are normal).
+        # Declared a request of its own (an MCP operation_id, a tool whose repeats are normal):
+        # made even when the same call happened — but not while one may still have happened.
+        for earlier in _same_calls(rt, made, normalized, scope, run_id):
+            _settled_earlier_call(rt, made, scope, earlier, STEP_ID)
         input["new_request"] = True
         input["operation"] = request_operation(scope, call_id)
     else:
@@ -406,9 +409,15 @@ def answer(rt: Runtime, run: records.RunRecord) -> Guarded:
         run = rt.resume(run.run_id, by="guarded call")
     steps = {s.step_id: s for s in rt.store.steps(run.run_id)}
     step = steps.get(STEP_ID)
-    if run.status is RunStatus.SUCCEEDED and step is not None:
+    ended = run.status not in (RunStatus.RUNNING, RunStatus.PAUSED, RunStatus.CANCELLING)
+    if step is not None and (
+        run.status is RunStatus.SUCCEEDED or (ended and step.status in _HAPPENED)
+    ):
+        # Done — also when the run ended otherwise afterwards (compensated, kept by a person's
+        # decline of the compensation): the call happened, and this is what it answered.
         deduplicated = any(e.kind == "deduplicated" for e in rt.store.audit(run.run_id))
-        return Guarded(run.output, run.run_id, step.effect_id, deduplicated)
+        value = run.output if run.status is RunStatus.SUCCEEDED else step.output
+        return Guarded(value, run.run_id, step.effect_id, deduplicated)
     error = run.error or {}
     if run.status is RunStatus.PAUSED:
         approval = error.get("code") == "approval_required"
