@@ -416,7 +416,7 @@ LONG = "".join(_RNG.choice(string.ascii_letters) for _ in range(5000))
         ("スレッド🧵/ns 1", "呼び出し-✓"),
         ("langgraph:thread 42:ns/a|b", "call:1"),
         ("x" * 2000, "c"),
-        ("s", LONG),
+        ("s", LONG[:2000]),  # the limit: 2048 bytes for both (guard.MAX_HOST_ID_BYTES)
         ("tab\tand\nnewline", "'; DROP TABLE runs; --"),
     ],
     ids=["unicode", "colons", "long-scope", "long-call-id", "sql-ish"],
@@ -438,12 +438,12 @@ def test_odd_but_storable_host_ids_are_calls_of_their_own(
 @pytest.mark.parametrize(
     ("scope", "call_id", "new_request", "fails_on", "reason"),
     [
-        ("a\x00b", "c", False, {"postgres"}, PG_NUL_SCOPE),
+        ("a\x00b", "c", False, set(), ""),
         ("s", "c\x00", False, set(), ""),
         ("s\ud800", "c", False, set(), ""),
         ("s", "c\udfff", False, set(), ""),
-        (LONG[:3000], "c", False, {"postgres"}, PG_LONG_SCOPE),
-        ("s", LONG[:3000], True, {"postgres"}, PG_LONG_CALL_ID),
+        (LONG[:3000], "c", False, set(), ""),
+        ("s", LONG[:3000], True, set(), ""),
     ],
     ids=[
         "nul-scope",
@@ -486,8 +486,8 @@ def test_host_ids_are_stored_or_refused_clearly_with_nothing_recorded(
     ("value", "fails_on", "reason"),
     [
         (float("nan"), set(), ""),
-        (b"\x00\xffbytes", {"sqlite", "postgres"}, BYTES_ARGUMENT),
-        ("x" * 2_000_000, {"sqlite", "postgres"}, HUGE_ARGUMENT),
+        (b"\x00\xffbytes", set(), ""),
+        ("x" * 2_000_000, set(), ""),
         ("lone \udc00", set(), ""),
         ("a\x00b", set(), ""),
     ],

@@ -48,6 +48,12 @@ MAY_HAVE_HAPPENED = "this may or may not have happened; do not repeat it; it is 
 WAITS_FOR_APPROVAL = "this needs a person's approval before it is done; do not repeat it"
 #: How long a replay waits for the same call that another live process is executing (seconds).
 IN_PROGRESS_WAIT = 30.0
+#: The most UTF-8 bytes a scope and a call id may hold together: both are indexed, and
+#: PostgreSQL's index rows are bounded (about 2.7 kB, for the scope index and for the operation
+#: key a request makes of both).
+MAX_HOST_ID_BYTES = 2048
+#: The largest canonical arguments of a guarded call (the limit of every recorded step).
+MAX_PAYLOAD_BYTES = 1_000_000
 
 
 @dataclasses.dataclass(frozen=True)
@@ -141,6 +147,24 @@ def run_id_of(tenant: str, scope: str, call_id: str) -> str:
     return "guard-" + digests.sha256_hex(digests.canonical_json([tenant, scope, call_id]))[:24]
 
 
+def _json_values_only(value: Any, path: str) -> None:
+    """Refuse bytes in a guarded call's arguments: the run records their JSON form, and a replay
+    (or a worker recovering the call) would hand the tool that form, not the bytes. A host's tool
+    call is JSON; pass text (e.g. base64) instead."""
+    stack = [(value, path)]
+    while stack:
+        item, where = stack.pop()
+        if isinstance(item, bytes | bytearray | memoryview):
+            raise errors.ArgumentError(
+                f"{where}: bytes cannot be a guarded call's argument (a recovered call would get "
+                "their JSON form, not the bytes); pass text, e.g. base64. Nothing was recorded"
+            )
+        if isinstance(item, Mapping) and len(stack) < 100_000:
+            stack.extend((v, f"{where}.{k}") for k, v in item.items())
+        elif isinstance(item, list | tuple) and len(stack) < 100_000:
+            stack.extend((v, f"{where}[{i}]") for i, v in enumerate(item))
+
+
 def _checked(rt: Runtime, tool: Tool[..., Any] | str, scope: Any, call_id: Any) -> Tool[..., Any]:
     """The tool to call, after refusing what cannot be a guarded call (nothing is recorded)."""
     for name, value in (("scope", scope), ("call_id", call_id)):
@@ -149,6 +173,31 @@ def _checked(rt: Runtime, tool: Tool[..., Any] | str, scope: Any, call_id: Any) 
                 f"guarded call: {name} must be a non-empty string (the host's durable id), not "
                 f"{value!r}; nothing was recorded"
             )
+        try:
+            size = len(value.encode("utf-8"))
+        except UnicodeEncodeError:
+            raise errors.ArgumentError(
+                f"guarded call: {name} holds a lone surrogate, which has no UTF-8 form; nothing "
+                "was recorded"
+            ) from None
+        if "\x00" in value:
+            raise errors.ArgumentError(
+                f"guarded call: {name} holds a NUL character, which PostgreSQL cannot store; "
+                "nothing was recorded"
+            )
+        if size > MAX_HOST_ID_BYTES:
+            raise errors.ArgumentError(
+                f"guarded call: {name} is {size} bytes, over the {MAX_HOST_ID_BYTES}-byte limit "
+                "for a host id (it is indexed); pass a shorter id or a digest of it. Nothing was "
+                "recorded"
+            )
+    together = len(scope.encode("utf-8")) + len(call_id.encode("utf-8"))
+    if together > MAX_HOST_ID_BYTES:
+        raise errors.ArgumentError(
+            f"guarded call: scope and call_id are {together} bytes together, over the "
+            f"{MAX_HOST_ID_BYTES}-byte limit (a request's operation key holds both); pass shorter "
+            "ids. Nothing was recorded"
+        )
     if isinstance(tool, str):
         return rt.registry.tool(tool)
     if not isinstance(tool, Tool):
@@ -194,7 +243,15 @@ def call(
             f"values, not {type(arguments).__name__}; nothing was recorded"
         )
     named = made.bind_arguments((), dict(arguments))  # wrong arguments: ArgumentError, no run
+    _json_values_only(named, f"{made.name}.args")
     normalized = digests.to_jsonable(named, path=f"{made.name}.args")
+    size = len(digests.canonical_json(normalized).encode("utf-8"))
+    if size > MAX_PAYLOAD_BYTES:
+        raise errors.ArgumentError(
+            f"guarded call of {made.ref}: the arguments are {size} bytes of JSON, over the "
+            f"{MAX_PAYLOAD_BYTES}-byte limit; pass a reference (an id, a URL) instead. Nothing "
+            "was recorded"
+        )
     run_id = run_id_of(rt.tenant, scope, call_id)
     input: dict[str, Any] = {
         "tool": made.ref,
