@@ -134,25 +134,79 @@ def seal_hash(
 def row_digest(table: str, record: Any) -> str:
     """The digest of one state row as a record, the same whether computed from the record a batch
     writes or from the row read back (its JSON columns round-trip through canonical JSON)."""
-    data = (
-        dataclasses.asdict(record)
-        if dataclasses.is_dataclass(record) and not isinstance(record, type)
-        else dict(record)
-    )
-    for name in _VOLATILE.get(table, ()):
-        data.pop(name, None)
-    normalized = {k: _column_value(v) for k, v in data.items()}
-    return digests.sha256_hex(digests.canonical_json([table, normalized]))
+    # The record's own fields, shallow (no deep copy: canonical JSON walks nested values once;
+    # enums are strings to it). This runs for every row of every write: keep it lean.
+    data: dict[str, Any] = record.__dict__
+    volatile = _VOLATILE.get(table)
+    if volatile:
+        data = {k: v for k, v in data.items() if k not in volatile}
+    ints = [k for k in _float_fields(type(record)) if type(data.get(k)) is int]
+    if ints:  # SQLite hands a whole REAL back as an int: a time is a float either way
+        data = {**data, **{k: float(data[k]) for k in ints}}
+    # 128 bits: the seal that holds it is itself hashed (and keyed): a shorter digest keeps each
+    # seal, written with every batch, small.
+    return digests.sha256_hex(digests.canonical_json([table, data]))[:32]
 
 
-def _column_value(value: Any) -> Any:
-    """A column's value as both backends give it back: an enum as its value, and a number as a
-    float (SQLite hands a whole REAL back as an int; JSON columns keep their own types)."""
-    if isinstance(value, bool) or value is None:
-        return value
-    if isinstance(value, int | float):
-        return float(value)
-    return getattr(value, "value", value) if not isinstance(value, str | dict | list) else value
+_FLOATS: dict[type, tuple[str, ...]] = {}
+
+
+def _float_fields(cls: type) -> tuple[str, ...]:
+    """The record's float fields (times): what a backend may hand back as a whole int."""
+    found = _FLOATS.get(cls)
+    if found is None:
+        found = tuple(
+            f.name for f in dataclasses.fields(cls) if str(f.type).split(" |")[0] == "float"
+        )
+        _FLOATS[cls] = found
+    return found
+
+
+#: The run's fields a write may change (sealed with every write) and its JSON ones; the rest is
+#: fixed at its creation and sealed once (``runs_fixed``), so a write does not encode the input.
+RUN_STATE = (
+    "status", "output", "error", "next_action", "generation", "control", "workflow_version",
+    "workflow_code",
+)  # fmt: skip
+RUN_JSON = frozenset({"output", "error", "control"})
+_RUN_FIXED_DROP = frozenset(RUN_STATE) | _VOLATILE["runs"]
+
+
+def run_state_digest(state: Mapping[str, Any]) -> str:
+    """The digest of a run's changing fields, given with its JSON fields as canonical JSON text
+    (how SQLite stores them): cheap enough for every write."""
+    return digests.sha256_hex(digests.canonical_json(["runs", [state[f] for f in RUN_STATE]]))[:32]
+
+
+def run_state_of(run: Any, changes: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """A run record's changing fields in ``run_state_digest`` form, ``changes`` applied."""
+    state = {f: getattr(run, f) for f in RUN_STATE}
+    state.update({k: v for k, v in (changes or {}).items() if k in state})
+    return _as_state(state)
+
+
+def _as_state(state: dict[str, Any]) -> dict[str, Any]:
+    return {
+        k: (None if v is None else digests.canonical_json(v)) if k in RUN_JSON else v
+        for k, v in state.items()
+    }
+
+
+def apply_state(state: dict[str, Any], changes: Mapping[str, Any]) -> dict[str, Any]:
+    """A stored run state (JSON fields as text) with a batch's ``changes`` applied."""
+    out = dict(state)
+    out.update(_as_state({k: v for k, v in changes.items() if k in out}))
+    return out
+
+
+def _digest_of(table: str, record: Any) -> str:
+    if table == "runs":
+        return run_state_digest(run_state_of(record))
+    if table == "runs_fixed":
+        fixed = {k: v for k, v in record.__dict__.items() if k not in _RUN_FIXED_DROP}
+        fixed["created_at"] = float(fixed["created_at"])  # SQLite: a whole REAL comes back an int
+        return digests.sha256_hex(digests.canonical_json(["runs_fixed", fixed]))[:32]
+    return row_digest(table, record)
 
 
 def row_key(table: str, record: Any) -> str:
@@ -299,7 +353,7 @@ def verify_run(m: Material, key: bytes | None, *, sealed_since: float | None) ->
         sealed = last.get(name)
         if sealed is None:
             problems.append(Problem(rid, None, f"{name} was written outside the ledger's writes"))
-        elif row_digest(table, record) != sealed:
+        elif _digest_of(table, record) != sealed:
             problems.append(Problem(rid, None, f"{name} differs from what was written (edited)"))
     for name in sorted(set(last) - set(m.rows) - m.purgeable):
         problems.append(Problem(rid, None, f"{name} was written and is gone (deleted)"))
@@ -381,7 +435,7 @@ _RUN_FIELDS = _run_fields()
 
 def seal_batch(
     batch: Any,
-    run_before: Any,
+    run_state: dict[str, Any],
     seal_head: str | None,
     seal_count: int,
     changes: dict[str, Any],
@@ -391,9 +445,10 @@ def seal_batch(
     key: bytes | None,
 ) -> tuple[tuple[Any, ...], str, int] | None:
     """The seal of one batch, written in its transaction: the row values for ``seals``, the run's
-    new seal head and count (None: the batch wrote nothing to seal). ``run_before`` is the run's
-    row as the batch found it (or the new run), ``changes`` what the batch sets on it, and
-    ``audit_head`` / ``audit_count`` the run's event chain after the batch."""
+    new seal head and count (None: the batch wrote nothing to seal). ``run_state`` is the run's
+    changing fields as the batch found them (``run_state_of`` / the stored columns, JSON ones as
+    canonical text), ``changes`` what the batch sets on the run, and ``audit_head`` /
+    ``audit_count`` the run's event chain after the batch."""
     wrote = (
         batch.new_run is not None
         or batch.steps
@@ -407,12 +462,11 @@ def seal_batch(
     )
     if not wrote:
         return None
-    run_after = dataclasses.replace(
-        run_before, **{k: v for k, v in changes.items() if k in _RUN_FIELDS}
-    )
-    rows = sealed_rows(
+    rows = {f"runs:{batch.run_id}": run_state_digest(apply_state(run_state, changes))}
+    if batch.new_run is not None:
+        rows[f"runs_fixed:{batch.run_id}"] = _digest_of("runs_fixed", batch.new_run)
+    rows |= sealed_rows(
         [
-            ("runs", run_after),
             *(("steps", s) for s in batch.steps.values()),
             *(("effects", e) for e in batch.effects.values()),
             *(("attempts", a) for a in batch.attempts.values()),
@@ -459,7 +513,7 @@ def _material(store: Any, head: Mapping[str, Any]) -> Material:
 
     rid = str(head["run_id"])
     run = store.get_run(rid)
-    rows: dict[str, Any] = {row_key("runs", run): run}
+    rows: dict[str, Any] = {f"runs:{rid}": run, f"runs_fixed:{rid}": run}
     effects = store.effects(tenant=None, run_id=rid, limit=1_000_000)
     for table, found in (
         ("steps", store.steps(rid)),

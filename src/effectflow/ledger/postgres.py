@@ -177,6 +177,16 @@ def _run(row: Row) -> records.RunRecord:
     )
 
 
+def _run_state(row: Row) -> dict[str, Any]:
+    """The run's changing fields as stored, JSON ones as canonical text, for its seal."""
+    return {
+        f: (None if row[f"{f}_json"] is None else digests.canonical_json(row[f"{f}_json"]))
+        if f in audit_chain.RUN_JSON
+        else row[f]
+        for f in audit_chain.RUN_STATE
+    }
+
+
 def _step(row: Row) -> records.StepRecord:
     step = _from_row(records.StepRecord, _STEP_FIELDS, row)
     return dataclasses.replace(
@@ -683,7 +693,7 @@ class PostgresStore:
                 cur.executemany(_INSERT_AUDIT, events)
             sealed = audit_chain.seal_batch(
                 batch,
-                _run(head),
+                _run_state(head),
                 head["seal_head"],
                 head["seal_count"],
                 changes,

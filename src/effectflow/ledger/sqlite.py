@@ -147,6 +147,13 @@ def _run(row: sqlite3.Row) -> records.RunRecord:
     )
 
 
+def _run_state(row: sqlite3.Row) -> dict[str, Any]:
+    """The run's changing fields as stored (JSON ones are canonical text already), for its seal."""
+    return {
+        f: row[f"{f}_json"] if f in audit_chain.RUN_JSON else row[f] for f in audit_chain.RUN_STATE
+    }
+
+
 def _step(row: sqlite3.Row) -> records.StepRecord:
     step = _from_row(records.StepRecord, _STEP_FIELDS, row)
     return dataclasses.replace(
@@ -561,7 +568,7 @@ class SQLiteStore:
             changes["audit_count"] = count
         sealed = audit_chain.seal_batch(
             batch,
-            _run(head),
+            _run_state(head),
             head["seal_head"],
             head["seal_count"],
             changes,
