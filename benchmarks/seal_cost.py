@@ -24,8 +24,9 @@ imported and, for ``after_keyed``, that its seals are HMACs. Then:
 3. **Where the added time goes** (every variant, SQLite NORMAL, in process, ``--rounds`` times):
    SQL time by statement (the store's connection wrapped: all, ``COMMIT``, the run ``UPDATE``s,
    the seal ``INSERT``) and the time inside ``audit.seal_batch`` (of it ``row_digest``, the
-   per-row digests), ``audit._hash`` (every event and seal hash: sha256 or HMAC) and
-   ``sqlite._run``, per step, by wrapping them.
+   per-row digests, and ``run_state_digest``, the run's changing fields, from ``c0bf69e``),
+   ``audit._hash`` (every event and seal hash: sha256 or HMAC), ``sqlite._run`` and
+   ``sqlite._run_state`` (from ``c0bf69e``), per step, by wrapping them.
 
 Run::
 
@@ -245,8 +246,9 @@ class TimedConnection:
 
 
 def split_worker(runs: int) -> dict[str, Any]:
-    """µs per step in SQL (by statement) and inside ``seal_batch``, ``row_digest``, ``_hash`` and
-    ``sqlite._run`` (SQLite NORMAL, 10-step runs), by wrapping them; what a variant lacks is 0."""
+    """µs per step in SQL (by statement) and inside ``seal_batch``, ``row_digest``,
+    ``run_state_digest``, ``_hash``, ``sqlite._run`` and ``sqlite._run_state`` (SQLite NORMAL,
+    10-step runs), by wrapping them; what a variant lacks is 0."""
     import effectflow as ef
     from effectflow.ledger import audit
     from effectflow.ledger import sqlite as sqlite_store
@@ -283,9 +285,10 @@ def split_worker(runs: int) -> dict[str, Any]:
         for i in range(10):
             ctx.call(f"s{i}", pure)
 
-    for name in ("seal_batch", "row_digest", "_hash"):
+    for name in ("seal_batch", "row_digest", "run_state_digest", "_hash"):
         wrap(audit, name)
     wrap(sqlite_store, "_run")
+    wrap(sqlite_store, "_run_state")
     result: dict[str, Any] = {}
     folder = Path(tempfile.mkdtemp(prefix="effectflow-sealsplit-"))
     try:
@@ -466,8 +469,9 @@ def markdown(out: dict[str, Any]) -> str:
         "Inside, µs/step (SQLite NORMAL, 10-step runs, in process; medians of the rounds):",
         "",
         "| step | variant | total | SQL | of it COMMIT | run UPDATEs | seal INSERT | seal_batch "
-        "| of it row_digest (calls/step) | _hash (calls/step) | sqlite._run |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| of it row_digest (calls/step) | of it run_state_digest (calls/step) "
+        "| _hash (calls/step) | sqlite._run | sqlite._run_state |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for label in ("external_write", "pure"):
         for v in VARIANTS:
@@ -485,9 +489,9 @@ def markdown(out: dict[str, Any]) -> str:
             ]
             cells += [
                 f"{med(f'{k}_us_per_step'):.1f} ({med(f'{k}_calls_per_step'):.1f})"
-                for k in ("row_digest", "_hash")
+                for k in ("row_digest", "run_state_digest", "_hash")
             ]
-            cells.append(f"{med('_run_us_per_step'):.1f}")
+            cells += [f"{med(f'{k}_us_per_step'):.1f}" for k in ("_run", "_run_state")]
             lines.append(f"| {label.replace('_', '-')} | {v} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
