@@ -211,8 +211,9 @@ class Runtime:
         settling of the call left in doubt by the decision table; never a second effect. A new
         call id with the same tool and arguments in the scope (a call regenerated after the host
         lost the model's turn) is the same logical operation unless the contract says
-        ``each_call_new``, or the first call's id is among ``known_call_ids`` (the host's
-        conversation still shows it: the model asked again knowingly, a new request), or
+        ``each_call_new``, or the latest such call that happened is among ``known_call_ids`` (the
+        calls whose *result* the host's conversation shows: the model asked again knowingly, a new
+        request; a call it was told may have happened does not count), or
         ``new_request`` says the host's call id names a request of its own (an MCP client's
         ``operation_id``). A repeat is never made while an earlier call of the same operation may
         still have happened: that call is settled first (recovered, looked up), or the person is
@@ -802,6 +803,9 @@ class Runtime:
         """The existing run with this id and no batch, or a new run and the batch that creates it.
 
         Raises:
+            errors.ArgumentError: the id is empty, blank or not recordable text (a NUL, a lone
+                surrogate): refused, never replaced by a fresh id, so a caller retrying with its
+                own id never starts a second run by mistake.
             errors.IdempotencyConflict: the id belongs to another workflow, tenant or input.
         """
         if not isinstance(workflow, Workflow):
@@ -811,7 +815,9 @@ class Runtime:
         normalized = digests.to_jsonable(input, path="input")
         workflow.check_input(input)
         input_digest = digests.digest(normalized)
-        run_id = run_id or requests.new_id("run")
+        run_id = (
+            requests.new_id("run") if run_id is None else digests.check_id(run_id, path="run_id")
+        )
         existing = self.store.get_run(run_id)
         if existing is not None:
             if existing.tenant != self.tenant or existing.workflow != workflow.name:
@@ -890,8 +896,15 @@ class Runtime:
             and _owner_alive(run.lease_owner)
         )
         if held:
+            host, _, rest = (run.lease_owner or "").partition(":")
+            pid = rest.split(":", 1)[0]
+            until = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(run.lease_expires_at or 0))
             raise errors.LeaseLost(
-                f"run {run.run_id} is held by {run.lease_owner} until {run.lease_expires_at}",
+                f"run {run.run_id} is already running in process {pid} on {host} (its lease "
+                f"holds until {until}, {max(0.0, (run.lease_expires_at or 0) - now):.0f} s from "
+                "now, and is renewed while it runs). Nothing was done: wait for it to finish, "
+                "or stop that process; once it is gone, `effectflow recover` (or any worker) "
+                "continues the run",
                 run_id=run.run_id,
             )
         claimed = self.store.claim(
