@@ -381,32 +381,52 @@ def _compensation_declined(
 ) -> None:
     """A person declined the compensation (``rt.reject``): the effect stands, kept by that
     decision — nothing failed, and nobody is asked again."""
+    _mark_compensation(
+        state,
+        step,
+        effect,
+        "kept",
+        NextAction.NONE,
+        "compensation_declined",
+        compensation_step=comp_step_id,
+        actor=str(error.get("by") or "operator"),
+        reason=error.get("reason"),
+    )
+
+
+def _mark_compensation(
+    state: state_mod.RunState,
+    step: records.StepRecord,
+    effect: records.EffectRecord,
+    status: str,
+    next_action: NextAction,
+    event: str,
+    **detail: Any,
+) -> None:
+    """Record where an effect's compensation stands, on the effect and its step, with its event."""
     now = state.now()
     batch = state.batch()
     fresh = state.runtime.store.get_effect(effect.effect_id) or effect
     batch.effect(
         dataclasses.replace(
             fresh,
-            compensation_status="kept",
-            next_action=NextAction.NONE,
+            compensation_status=status,
+            next_action=next_action,
             version=fresh.version + 1,
             updated_at=now,
         )
     )
+    owner = state.steps[step.step_id]
     owner = dataclasses.replace(
-        state.steps[step.step_id], compensation_status="kept", updated_at=now
+        owner,
+        compensation_status=status,
+        # A person must act: the step says so too; a kept effect's step goes on using its result.
+        next_action=next_action if next_action is NextAction.ASK_A_PERSON else owner.next_action,
+        updated_at=now,
     )
     state.steps[step.step_id] = owner
     batch.step(owner)
-    batch.event(
-        "compensation_declined",
-        now,
-        step_id=step.step_id,
-        effect_id=effect.effect_id,
-        compensation_step=comp_step_id,
-        actor=str(error.get("by") or "operator"),
-        reason=error.get("reason"),
-    )
+    batch.event(event, now, step_id=step.step_id, effect_id=effect.effect_id, **detail)
     state.runtime.commit(state, batch)
 
 
@@ -475,35 +495,16 @@ def _compensation_failed(
     reason: str,
 ) -> str:
     """A failed or impossible compensation goes to a person; the original stays confirmed."""
-    now = state.now()
-    batch = state.batch()
-    fresh = state.runtime.store.get_effect(effect.effect_id) or effect
-    batch.effect(
-        dataclasses.replace(
-            fresh,
-            compensation_status="compensation_failed",
-            next_action=NextAction.ASK_A_PERSON,
-            version=fresh.version + 1,
-            updated_at=now,
-        )
-    )
-    owner = dataclasses.replace(
-        state.steps[step.step_id],
-        compensation_status="compensation_failed",
-        next_action=NextAction.ASK_A_PERSON,
-        updated_at=now,
-    )
-    state.steps[step.step_id] = owner
-    batch.step(owner)
-    batch.event(
+    _mark_compensation(
+        state,
+        step,
+        effect,
         "compensation_failed",
-        now,
-        step_id=step.step_id,
-        effect_id=effect.effect_id,
+        NextAction.ASK_A_PERSON,
+        "compensation_failed",
         compensation_step=comp_step_id,
         reason=reason,
     )
-    state.runtime.commit(state, batch)
     return comp_step_id
 
 

@@ -70,6 +70,7 @@ class StepMachine(SettleMixin, SimpleStepsMixin):
                 f"{step_id!r}; nothing was called",
                 run_id=state.run.run_id,
             )
+        digests.check_id(step_id, path="step id")
         if not isinstance(tool, Tool):
             raise errors.ContractError(
                 f"step {step_id}: {tool!r} is not a tool; decorate it with @ef.tool(...) "

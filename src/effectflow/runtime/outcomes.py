@@ -68,7 +68,10 @@ def lookup_answer(result: Result) -> Lookup:
 
 
 def error_of(exc: BaseException) -> dict[str, Any]:
-    data: dict[str, Any] = {"type": type(exc).__name__, "message": str(exc) or type(exc).__name__}
+    data: dict[str, Any] = {
+        "type": type(exc).__name__,
+        "message": digests.recordable_text(str(exc) or type(exc).__name__),
+    }
     code = getattr(exc, "code", None)
     if isinstance(code, str):
         data["code"] = code

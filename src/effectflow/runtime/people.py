@@ -43,6 +43,9 @@ def resolve(
     """``Runtime.resolve`` (documented there)."""
     if not by:
         raise errors.ArgumentError("resolve needs `by`: the person (or system) deciding")
+    digests.check_id(by, path="by")
+    if decision_id is not None:
+        digests.check_id(decision_id, path="decision_id")
     evidence = digests.to_jsonable(evidence, path="evidence")
     effect = rt.store.get_effect(effect_id, tenant=rt.tenant)
     if effect is None:
@@ -249,33 +252,16 @@ def approve(
     """``Runtime.approve`` (documented there)."""
     if not approver or not approval_id:
         raise errors.ArgumentError("approve needs approver= and approval_id=")
+    digests.check_id(approver, path="approver")
+    digests.check_id(approval_id, path="approval_id")
+    if note is not None:
+        digests.to_jsonable(note, path="note")
     run = rt._require_run(run_id)
     step = next((s for s in rt.store.steps(run_id) if s.step_id == step_id), None)
     if _replayed_approval(rt, run, step, step_id, approver=approver, approval_id=approval_id):
         return run
-    if step is None or not _awaits_approval(step):
-        raise errors.StaleState(
-            f"step {step_id} of run {run_id} is not waiting for an approval"
-            + ("" if step is None else f" (it is {step.status})"),
-            run_id=run_id,
-            step_id=step_id,
-        )
+    batch, step = _answer_batch(run, step, step_id)
     now = rt.clock()
-    batch = Batch(run_id, lease_token=None)
-    # What the approval was made on: the step still waits for one (for this very request), no
-    # other approval of that request was recorded meanwhile, and the lease it revokes is the one
-    # read (so the approval that wins is the only one whose resume can claim the run).
-    batch.expect_step(
-        step_id,
-        status=StepStatus.PENDING,
-        error_code="approval_required",
-        request_digest=step.request_digest,
-    )
-    batch.expect_unapproved(step_id, step.request_digest)
-    batch.expect_run(lease_token=run.lease_token)
-    batch.run_changes.update(
-        lease_token=run.lease_token + 1, lease_owner=None, lease_expires_at=None
-    )
     batch.approvals.append(
         records.ApprovalRecord(
             approval_id=approval_id,
@@ -324,33 +310,14 @@ def reject(
         )
     if not isinstance(reason, str) or not reason.strip():
         raise errors.ArgumentError("reject needs reason=: why the step is declined (recorded)")
+    digests.check_id(by, path="by")
+    digests.to_jsonable(reason, path="reason")
     run = rt._require_run(run_id)
     step = next((s for s in rt.store.steps(run_id) if s.step_id == step_id), None)
     if step is not None and _declined(step, by, reason):
         return run  # this very decision, recorded already (a retried request)
-    if step is None or not _awaits_approval(step):
-        raise errors.StaleState(
-            f"step {step_id} of run {run_id} is not waiting for an approval"
-            + ("" if step is None else f" (it is {step.status})")
-            + "; nothing was recorded",
-            run_id=run_id,
-            step_id=step_id,
-        )
+    batch, step = _answer_batch(run, step, step_id)
     now = rt.clock()
-    batch = Batch(run_id, lease_token=None)
-    # The same facts an approval is made on (see ``approve``): of an approval and a decline given
-    # at the same moment, exactly one is recorded.
-    batch.expect_step(
-        step_id,
-        status=StepStatus.PENDING,
-        error_code="approval_required",
-        request_digest=step.request_digest,
-    )
-    batch.expect_unapproved(step_id, step.request_digest)
-    batch.expect_run(lease_token=run.lease_token)
-    batch.run_changes.update(
-        lease_token=run.lease_token + 1, lease_owner=None, lease_expires_at=None
-    )
     batch.step(
         dataclasses.replace(
             step,
@@ -391,6 +358,40 @@ def _declined(step: records.StepRecord, by: str, reason: str) -> bool:
         and error.get("code") == "approval_declined"
         and (error.get("by"), error.get("reason")) == (by, reason)
     )
+
+
+def _answer_batch(
+    run: records.RunRecord, step: records.StepRecord | None, step_id: str
+) -> tuple[Batch, records.StepRecord]:
+    """The batch of a person's answer to an approval (given or declined), carrying what it was
+    made on: the step still waits for one, for this very request; no approval of that request was
+    recorded meanwhile; and the lease it revokes is the one read (so of two answers at the same
+    moment exactly one is recorded, and only its resume can claim the run).
+
+    Raises:
+        errors.StaleState: the step does not wait for an approval; nothing is recorded.
+    """
+    if step is None or not _awaits_approval(step):
+        raise errors.StaleState(
+            f"step {step_id} of run {run.run_id} is not waiting for an approval"
+            + ("" if step is None else f" (it is {step.status})")
+            + "; nothing was recorded",
+            run_id=run.run_id,
+            step_id=step_id,
+        )
+    batch = Batch(run.run_id, lease_token=None)
+    batch.expect_step(
+        step_id,
+        status=StepStatus.PENDING,
+        error_code="approval_required",
+        request_digest=step.request_digest,
+    )
+    batch.expect_unapproved(step_id, step.request_digest)
+    batch.expect_run(lease_token=run.lease_token)
+    batch.run_changes.update(
+        lease_token=run.lease_token + 1, lease_owner=None, lease_expires_at=None
+    )
+    return batch, step
 
 
 def _replayed_approval(

@@ -97,6 +97,7 @@ class Runtime:
     ) -> None:
         if not tenant or not isinstance(tenant, str):
             raise errors.ContractError("tenant must be a non-empty string")
+        digests.check_id(tenant, path="tenant")
         #: The ledger.
         self.store: LedgerStore = open_store(url)
         #: How long a call's outcome write is retried through a ledger outage (seconds) before
