@@ -139,12 +139,24 @@ _BIND_OPERATION = (
     _insert_sql("operations", _OPERATION_FIELDS) + " ON CONFLICT DO NOTHING RETURNING tenant"
 )
 _RUN_COLUMNS = [_column(f) for f in _RUN_FIELDS]
+#: What a batch reads of its run's row: the chains' heads, the control request, and the changing
+#: fields its seal covers (not the input, however large: it is sealed once, at the creation).
+_HEAD = ", ".join(
+    [
+        "audit_head",
+        "audit_count",
+        "seal_head",
+        "seal_count",
+        "control_json",
+        *(f"{f}_json" if f in audit_chain.RUN_JSON else f for f in audit_chain.RUN_STATE),
+    ]
+)
 # A run id taken already inserts nothing and returns no row: the batch is refused on its own
 # (IdempotencyConflict), not the group transaction it shares with other runs' batches.
 _INSERT_RUN = (
     f"INSERT INTO runs ({', '.join(_RUN_COLUMNS)}, audit_head, audit_count) "
     f"VALUES ({', '.join('%s' for _ in _RUN_COLUMNS)}, %s, 0) "
-    "ON CONFLICT (run_id) DO NOTHING RETURNING *"
+    f"ON CONFLICT (run_id) DO NOTHING RETURNING {_HEAD}"
 )
 _INSERT_SEAL = audit_chain.INSERT_SEAL.replace("?", "%s")
 _INSERT_AUDIT = (
@@ -637,7 +649,7 @@ class PostgresStore:
             head = _one(
                 conn,
                 "UPDATE runs SET lease_expires_at = %s WHERE run_id = %s AND lease_token = %s "
-                "RETURNING *",
+                f"RETURNING {_HEAD}",
                 (now + lease_ttl, batch.run_id, batch.lease_token),
             )
             if head is None:
@@ -649,7 +661,7 @@ class PostgresStore:
         elif head is None:
             head = _one(
                 conn,
-                "SELECT * FROM runs WHERE run_id = %s FOR UPDATE",
+                f"SELECT {_HEAD} FROM runs WHERE run_id = %s FOR UPDATE",
                 (batch.run_id,),
             )
             if head is None:
@@ -1026,45 +1038,6 @@ def _chain(
         prev = digest
         count += 1
     return rows, prev, count
-
-
-def _verify_chain(head: Row, events: Iterable[records.AuditEvent]) -> list[AuditProblem]:
-    rid = head["run_id"]
-    problems: list[AuditProblem] = []
-    prev = audit_chain.genesis(rid)
-    count = 0
-    for event in events:
-        count += 1
-        if event.prev_hash != prev:
-            problems.append(
-                AuditProblem(rid, event.seq, "prev_hash does not match the previous event")
-            )
-        expected = audit_chain.event_hash(
-            prev,
-            run_id=event.run_id,
-            step_id=event.step_id,
-            effect_id=event.effect_id,
-            kind=event.kind,
-            actor=event.actor,
-            detail=event.detail,
-            at=event.at,
-        )
-        if event.hash != expected:
-            problems.append(
-                AuditProblem(rid, event.seq, "content does not match its hash (edited)")
-            )
-        prev = event.hash
-    if count != head["audit_count"] or prev != head["audit_head"]:
-        problems.append(
-            AuditProblem(
-                rid,
-                None,
-                f"chain has {count} events ending in {prev[:12]}, the run records "
-                f"{head['audit_count']} ending in {head['audit_head'][:12]} "
-                "(events were removed or added)",
-            )
-        )
-    return problems
 
 
 def _filters(*, tenant: str | None, statuses: Sequence[str] | None) -> tuple[list[str], list[Any]]:

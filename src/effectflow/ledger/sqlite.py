@@ -120,12 +120,24 @@ _UPSERT_EFFECT = _upsert_sql(
     fixed=("run_id", "step_id", "created_at", "compensates"),
 )
 _RUN_COLUMNS = [_column(f) for f in _RUN_FIELDS]
+#: What a batch reads of its run's row: the chains' heads, the control request, and the changing
+#: fields its seal covers (not the input, however large: it is sealed once, at the creation).
+_HEAD = ", ".join(
+    [
+        "audit_head",
+        "audit_count",
+        "seal_head",
+        "seal_count",
+        "control_json",
+        *(f"{f}_json" if f in audit_chain.RUN_JSON else f for f in audit_chain.RUN_STATE),
+    ]
+)
 # A run id taken already inserts nothing and returns no row: the batch is refused on its own
 # (IdempotencyConflict), not the group transaction it shares with other runs' batches.
 _INSERT_RUN = (
     f"INSERT INTO runs ({', '.join(_RUN_COLUMNS)}, audit_head, audit_count) "
     f"VALUES ({', '.join('?' for _ in _RUN_COLUMNS)}, ?, 0) "
-    "ON CONFLICT (run_id) DO NOTHING RETURNING *"
+    f"ON CONFLICT (run_id) DO NOTHING RETURNING {_HEAD}"
 )
 
 
@@ -459,7 +471,7 @@ class SQLiteStore:
         if batch.lease_token is not None:
             head = conn.execute(
                 "UPDATE runs SET lease_expires_at = ? WHERE run_id = ? AND lease_token = ? "
-                "RETURNING *",
+                f"RETURNING {_HEAD}",
                 (now + lease_ttl, batch.run_id, batch.lease_token),
             ).fetchone()
             if head is None:
@@ -469,7 +481,9 @@ class SQLiteStore:
                     run_id=batch.run_id,
                 )
         elif head is None:
-            head = conn.execute("SELECT * FROM runs WHERE run_id = ?", (batch.run_id,)).fetchone()
+            head = conn.execute(
+                f"SELECT {_HEAD} FROM runs WHERE run_id = ?", (batch.run_id,)
+            ).fetchone()
             if head is None:
                 raise errors.RunNotFound(f"run {batch.run_id} does not exist", run_id=batch.run_id)
         for expectation in batch.expectations:
