@@ -331,7 +331,8 @@ def check_id(value: Any, *, path: str) -> str:
 
 def recordable_text(text: str) -> str:
     """``text`` with what no ledger can store escaped: NUL as ``\\x00``, a lone surrogate as
-    ``\\udXXX``; unchanged (the same object) when there is none, which is nearly always.
+    its ``\\u`` escape (e.g. ``\\udc80``); unchanged (the same object) when there is none,
+    which is nearly always.
 
     For text that describes something that already happened and must be recorded whatever it
     contains (a tool's exception message, a lookup's reason): refusing it would lose the record.

@@ -28,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import hmac
+import json
 import os
 import time
 from collections.abc import Iterable, Mapping
@@ -35,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from effectflow import digests, errors
+from effectflow.ledger import records
 
 #: The environment variable holding the audit key itself.
 KEY_ENV = "EFFECTFLOW_AUDIT_KEY"
@@ -212,7 +214,6 @@ def _digest_of(table: str, record: Any) -> str:
 def row_key(table: str, record: Any) -> str:
     """The name a row has in a seal: ``table:<its id>``."""
     ident = {
-        "runs": lambda r: r.run_id,
         "steps": lambda r: r.step_id,
         "effects": lambda r: r.effect_id,
         "attempts": lambda r: r.attempt_id,
@@ -424,13 +425,7 @@ def check_head(
 
 
 #: The run record's fields (what a batch's ``run_changes`` may name besides the chains' heads).
-def _run_fields() -> frozenset[str]:
-    from effectflow.ledger import records
-
-    return frozenset(f.name for f in dataclasses.fields(records.RunRecord))
-
-
-_RUN_FIELDS = _run_fields()
+_RUN_FIELDS = frozenset(f.name for f in dataclasses.fields(records.RunRecord))
 
 
 def seal_batch(
@@ -533,7 +528,7 @@ def _material(store: Any, head: Mapping[str, Any]) -> Material:
     seals = []
     for r in store.audit_rows("SELECT * FROM seals WHERE run_id = ? ORDER BY n", (rid,)):
         seal = dict(r)
-        seal["rows"] = json_loads(seal.pop("rows_json"))
+        seal["rows"] = json.loads(seal.pop("rows_json"))
         seals.append(seal)
     # A binding past its retention may have been purged (``purge_expired_keys``): not a deletion.
     for seal in seals:
@@ -552,12 +547,6 @@ def _material(store: Any, head: Mapping[str, Any]) -> Material:
         rows=rows,
         purgeable=purgeable,
     )
-
-
-def json_loads(text: str) -> Any:
-    import json
-
-    return json.loads(text)
 
 
 def materials(store: Any, run_id: str | None = None) -> dict[str, Material]:
