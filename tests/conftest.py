@@ -1,7 +1,8 @@
 """Fixtures every test folder may use.
 
 pytest puts this folder on ``sys.path`` when it loads this file (``tests/`` is not a package), so
-helper modules beside it (``pg_server``, ``ledgers``) import by name from tests in any folder.
+helper modules beside it (``pg_server``, ``ledgers``, ``worlds``) import by name from tests in any
+folder.
 """
 
 from __future__ import annotations
@@ -14,11 +15,29 @@ import pytest
 import ledgers
 from pg_server import private_pg, private_pg_server
 
-__all__ = ["any_ledger", "private_pg", "private_pg_server"]
+__all__ = ["any_ledger", "pg_url", "private_pg", "private_pg_server"]
+
+
+def pytest_report_header() -> str:
+    """Say which PostgreSQL server the postgres half uses, and whether it may be skipped."""
+    required = (
+        "required"
+        if ledgers.pg_required()
+        else f"skipped if absent ({ledgers.REQUIRE_PG}=1: required)"
+    )
+    return f"PostgreSQL: {ledgers.PG} ({required})"
 
 
 @pytest.fixture(params=ledgers.BACKENDS)
 def any_ledger(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     """The URL of a fresh ledger on each backend (see ``ledgers.fresh``)."""
     with ledgers.fresh(request.param, tmp_path) as url:
+        yield url
+
+
+@pytest.fixture
+def pg_url() -> Iterator[str]:
+    """The URL of a fresh, empty PostgreSQL database, dropped after the test (see
+    ``ledgers.pg_database``)."""
+    with ledgers.pg_database("ef_pg") as url:
         yield url

@@ -1,8 +1,10 @@
-"""A fresh ledger on each backend, for tests in any folder.
+"""A fresh ledger on each backend, for tests in any folder, and what a missing PostgreSQL means.
 
 SQLite: a file in the folder given. PostgreSQL: a database of its own on the server named by
-``EFFECTFLOW_TEST_PG`` (default: the local one), dropped after; the test skips, saying why, when
-no server answers.
+``EFFECTFLOW_TEST_PG`` (default: the local one), dropped after. When no server answers, the test
+skips, saying why — unless ``EFFECTFLOW_REQUIRE_PG`` is set (``.ci/run`` sets it): then it fails,
+so that a run whose PostgreSQL half did not run cannot pass. Every fixture that needs the shared
+server, or a private one (``pg_server``), goes through :func:`pg_missing`.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import NoReturn
+from urllib.parse import urlparse, urlunparse
 
 import psycopg
 import pytest
@@ -19,8 +23,50 @@ import pytest
 #: The PostgreSQL server the postgres half of the tests uses (its maintenance database).
 PG = os.environ.get("EFFECTFLOW_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
 
+#: The variable that says the PostgreSQL tests must run: set and not ``0``, a missing server fails
+#: them instead of skipping them.
+REQUIRE_PG = "EFFECTFLOW_REQUIRE_PG"
+
 #: The backends a ledger test runs on.
 BACKENDS = ("sqlite", "postgres")
+
+
+def pg_required() -> bool:
+    """Whether this run must not skip the PostgreSQL tests (``EFFECTFLOW_REQUIRE_PG``)."""
+    return os.environ.get(REQUIRE_PG, "") not in ("", "0")
+
+
+def pg_missing(reason: str) -> NoReturn:
+    """Skip the test for ``reason`` — or fail it, where ``EFFECTFLOW_REQUIRE_PG`` is set."""
+    if pg_required():
+        pytest.fail(f"{reason} ({REQUIRE_PG} is set: the PostgreSQL tests must run)", pytrace=False)
+    pytest.skip(reason)
+
+
+def pg_unreachable(url: str, exc: BaseException) -> NoReturn:
+    """:func:`pg_missing` for a server at ``url`` that did not answer with ``exc``."""
+    pg_missing(f"PostgreSQL not reachable at {url}: {' '.join(str(exc).split())}")
+
+
+def url_of(database: str, server: str = PG) -> str:
+    """The URL of ``database`` on the server of URL ``server`` (its query, if any, kept)."""
+    return urlunparse(urlparse(server)._replace(path=f"/{database}"))
+
+
+@contextlib.contextmanager
+def pg_database(prefix: str = "ef_it") -> Iterator[str]:
+    """The URL of a new, empty database on the test server; dropped (its sessions ended) after."""
+    name = f"{prefix}_{uuid.uuid4().hex[:12]}"
+    try:
+        with psycopg.connect(PG, autocommit=True, connect_timeout=3) as conn:
+            conn.execute(f'CREATE DATABASE "{name}"')
+    except psycopg.Error as exc:
+        pg_unreachable(PG, exc)
+    try:
+        yield url_of(name)
+    finally:
+        with psycopg.connect(PG, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 @contextlib.contextmanager
@@ -29,14 +75,5 @@ def fresh(backend: str, folder: Path, prefix: str = "ef_it") -> Iterator[str]:
     if backend == "sqlite":
         yield f"sqlite:///{folder / 'ledger.db'}"
         return
-    name = f"{prefix}_{uuid.uuid4().hex[:12]}"
-    try:
-        with psycopg.connect(PG, autocommit=True, connect_timeout=3) as conn:
-            conn.execute(f'CREATE DATABASE "{name}"')
-    except psycopg.Error as exc:
-        pytest.skip(f"PostgreSQL not reachable at {PG}: {' '.join(str(exc).split())}")
-    try:
-        yield PG.rsplit("/", 1)[0] + "/" + name
-    finally:
-        with psycopg.connect(PG, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    with pg_database(prefix) as url:
+        yield url

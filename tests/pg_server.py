@@ -8,8 +8,9 @@ latter is a crash: the next start replays the WAL), the way DBOS's chaos tests r
 
 PostgreSQL refuses to run as root: as root, initdb and pg_ctl run as the ``postgres`` OS user
 (``runuser``); as anyone else, as that user. Where the binaries (``initdb``, ``pg_ctl``) are not
-found, the fixtures skip and say why. ``EFFECTFLOW_TEST_PG_BIN`` names their directory; otherwise
-the newest ``/usr/lib/postgresql/*/bin`` (Debian), then ``pg_config --bindir``, then ``PATH``.
+found, the fixtures skip and say why (they fail instead where ``EFFECTFLOW_REQUIRE_PG`` is set:
+``ledgers.pg_missing``). ``EFFECTFLOW_TEST_PG_BIN`` names their directory; otherwise the newest
+``/usr/lib/postgresql/*/bin`` (Debian), then ``pg_config --bindir``, then ``PATH``.
 
 ``tests/conftest.py`` registers the fixtures, so every test folder can ask for ``private_pg``.
 """
@@ -33,6 +34,8 @@ from typing import Literal
 
 import psycopg
 import pytest
+
+import ledgers
 
 #: How a server is stopped: ``fast`` ends the sessions and checkpoints; ``immediate`` kills the
 #: processes like a crash (the next start recovers from the WAL).
@@ -263,9 +266,13 @@ def _os_user() -> str | None:
     try:
         pwd.getpwnam("postgres")
     except KeyError:
-        pytest.skip("running as root and there is no postgres OS user to run a private server")
+        ledgers.pg_missing(
+            "running as root and there is no postgres OS user to run a private server"
+        )
     if shutil.which("runuser") is None:
-        pytest.skip("running as root and there is no runuser to run a private server as postgres")
+        ledgers.pg_missing(
+            "running as root and there is no runuser to run a private server as postgres"
+        )
     return "postgres"
 
 
@@ -274,7 +281,7 @@ def private_pg_server() -> Iterator[PgServer]:
     """A private PostgreSQL cluster for the session, started; deleted after the session."""
     bin_dir = find_bin_dir()
     if bin_dir is None:
-        pytest.skip(
+        ledgers.pg_missing(
             "no PostgreSQL server binaries (initdb, pg_ctl) here to run a private server: "
             "install postgresql or set EFFECTFLOW_TEST_PG_BIN"
         )

@@ -8,13 +8,13 @@ To add a backend, add its name to ``BACKENDS`` and a branch to ``backend`` build
 
 PostgreSQL: the server named by ``EFFECTFLOW_TEST_PG`` (default: the local one), where the session
 makes a database and each test gets a fresh schema of it (see ``pg_empty_url``), dropped after the
-test. When no server answers, the postgres tests skip, saying why.
+test. When no server answers, the postgres tests skip, saying why (and fail where
+``EFFECTFLOW_REQUIRE_PG`` is set: ``ledgers.pg_missing``).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import os
 import sqlite3
 import uuid
 from collections.abc import Callable, Iterator, Sequence
@@ -25,6 +25,7 @@ from urllib.parse import urlparse, urlunparse
 import psycopg
 import pytest
 
+import ledgers
 from effectflow.ledger import postgres as postgres_backend
 from effectflow.ledger import sqlite as sqlite_backend
 from effectflow.ledger.store import LedgerStore, open_store
@@ -33,7 +34,7 @@ from effectflow.ledger.store import LedgerStore, open_store
 BACKENDS = ["sqlite", "postgres"]
 
 #: The PostgreSQL server the postgres tests use: a URL of its maintenance database.
-PG_URL = os.environ.get("EFFECTFLOW_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
+PG_URL = ledgers.PG
 
 
 @dataclasses.dataclass
@@ -88,16 +89,8 @@ def _pg_admin(sql: str, url: str = PG_URL) -> None:
 @pytest.fixture(scope="session")
 def pg_database() -> Iterator[str]:
     """The URL of a database made for this session on the test server, dropped at its end."""
-    try:
-        _pg_admin("SELECT 1")
-    except psycopg.Error as exc:
-        pytest.skip(f"PostgreSQL not reachable at {PG_URL}: {' '.join(str(exc).split())}")
-    name = f"effectflow_test_{uuid.uuid4().hex[:12]}"
-    _pg_admin(f"CREATE DATABASE {name}")
-    try:
-        yield urlunparse(urlparse(PG_URL)._replace(path=f"/{name}"))
-    finally:
-        _pg_admin(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+    with ledgers.pg_database("effectflow_test") as url:
+        yield url
 
 
 @pytest.fixture

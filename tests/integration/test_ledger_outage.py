@@ -10,7 +10,6 @@ a SQLite file locked past its busy timeout, a SQLite ledger on a full tmpfs.
 from __future__ import annotations
 
 import contextlib
-import os
 import sqlite3
 import subprocess
 import threading
@@ -24,11 +23,12 @@ import psycopg_pool
 import pytest
 
 import effectflow as ef
+import ledgers
 from effectflow.ledger.records import StepStatus
 from pg_server import Mode, PrivatePg
 
-#: The shared PostgreSQL server's maintenance database (as in conftest.py).
-PG = os.environ.get("EFFECTFLOW_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
+#: The shared PostgreSQL server's maintenance database.
+PG = ledgers.PG
 
 #: The provider's own record: one key per post it committed.
 POSTS: list[str] = []
@@ -138,18 +138,11 @@ def _stop_then_start(pg: PrivatePg, mode: Mode, down_for: float, started: thread
 
 
 @pytest.fixture
-def pg_url() -> Iterator[str]:
-    """A fresh PostgreSQL ledger of its own (its database dropped after)."""
-    name = f"ef_out_{os.getpid()}_{time.time_ns() % 10**9}"
-    try:
-        with psycopg.connect(PG, autocommit=True, connect_timeout=3) as conn:
-            conn.execute(f'CREATE DATABASE "{name}"')
-    except psycopg.Error as exc:
-        pytest.skip(f"PostgreSQL not reachable at {PG}: {' '.join(str(exc).split())}")
-    yield PG.rsplit("/", 1)[0] + "/" + name
+def pg_url(pg_url: str) -> Iterator[str]:
+    """A fresh PostgreSQL ledger of its own; the server is up again before its database is
+    dropped."""
+    yield pg_url
     _pg_up()
-    with psycopg.connect(PG, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 @pytest.mark.parametrize("mode", ["fast", "immediate"])

@@ -15,7 +15,6 @@ recovery), never recorded as rolled back; and a rollback's record carries no ``l
 from __future__ import annotations
 
 import contextlib
-import os
 import socket
 import struct
 import threading
@@ -29,8 +28,9 @@ import psycopg
 import pytest
 
 import effectflow as ef
+import ledgers
 
-PG_URL = os.environ.get("EFFECTFLOW_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
+PG_URL = ledgers.PG
 FAST = ef.RetryPolicy(max_attempts=3, max_lookups=2, initial_backoff=0.001, max_backoff=0.005)
 S = ef.StepStatus
 R = ef.RunStatus
@@ -320,14 +320,8 @@ def _admin(sql: str, url: str = PG_URL) -> None:
 @pytest.fixture(scope="module")
 def database() -> Iterator[str]:
     """A database for this module, dropped at its end."""
-    try:
-        _admin("SELECT 1")
-    except psycopg.Error as exc:
-        pytest.skip(f"PostgreSQL not reachable at {PG_URL}: {' '.join(str(exc).split())}")
-    name = f"effectflow_lost_{uuid.uuid4().hex[:12]}"
-    _admin(f"CREATE DATABASE {name}")
-    yield urlunparse(urlparse(PG_URL)._replace(path=f"/{name}"))
-    _admin(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+    with ledgers.pg_database("effectflow_lost") as url:
+        yield url
 
 
 @pytest.fixture

@@ -1,18 +1,16 @@
 """The runtime end to end on a PostgreSQL ledger: the same workflows as on SQLite, the same facts.
 
 Each test gets a fresh database on the server named by ``EFFECTFLOW_TEST_PG`` (default: the local
-one) and drops it after; the tests skip, saying why, when no server answers. The mail provider keeps
-its truth in its own SQLite file; local transactions write into the ledger's own database.
+one) and drops it after (the root conftest's ``pg_url``): the tests skip, saying why, when no server
+answers, and fail where ``EFFECTFLOW_REQUIRE_PG`` is set. The mail provider keeps its truth in its
+own SQLite file; local transactions write into the ledger's own database.
 """
 
 from __future__ import annotations
 
-import os
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlparse, urlunparse
 
 import psycopg
 import pytest
@@ -20,7 +18,6 @@ import pytest
 import effectflow as ef
 from effectflow.testing import MailProvider
 
-PG_URL = os.environ.get("EFFECTFLOW_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
 FAST = ef.RetryPolicy(max_attempts=3, max_lookups=2, initial_backoff=0.001, max_backoff=0.005)
 S = ef.StepStatus
 R = ef.RunStatus
@@ -137,22 +134,10 @@ def trip(ctx: ef.Context, names: list[str]) -> Any:
 # -- fixtures ---------------------------------------------------------------------------------------
 
 
-def _admin(sql: str) -> None:
-    with psycopg.connect(PG_URL, autocommit=True, connect_timeout=5) as conn:
-        conn.execute(sql)
-
-
 @pytest.fixture
-def url() -> Iterator[str]:
+def url(pg_url: str) -> str:
     """A fresh, empty database: the runtime migrates it when it opens the ledger."""
-    try:
-        _admin("SELECT 1")
-    except psycopg.Error as exc:
-        pytest.skip(f"PostgreSQL not reachable at {PG_URL}: {' '.join(str(exc).split())}")
-    name = f"effectflow_it_{uuid.uuid4().hex[:12]}"
-    _admin(f"CREATE DATABASE {name}")
-    yield urlunparse(urlparse(PG_URL)._replace(path=f"/{name}"))
-    _admin(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+    return pg_url
 
 
 @pytest.fixture
