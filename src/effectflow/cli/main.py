@@ -178,7 +178,8 @@ def audit_verify(
             except (OSError, ValueError) as exc:
                 typer.echo(f"effectflow audit verify: --against {against}: {exc}", err=True)
                 raise typer.Exit(EXIT_USAGE) from None
-            problems += audit.check_head(head, audit.materials(store), key)
+            chains = audit.replay_shards(store, key)[1]
+            problems += audit.check_head(head, audit.materials(store), key, chains)
     finally:
         store.close()
     note = None if key is not None else _UNKEYED.format(env=audit.KEY_ENV)
@@ -196,7 +197,8 @@ def audit_verify(
             where = (
                 "chain" if p.seq is None else (f"event {p.seq}" if p.seq > 0 else f"seal {-p.seq}")
             )
-            typer.echo(f"run {p.run_id}: {where}: {p.message}", err=True)
+            who = p.run_id[1:-1] if p.run_id.startswith("(shard ") else f"run {p.run_id}"
+            typer.echo(f"{who}: {where}: {p.message}", err=True)
         if not problems:
             typer.echo("audit log intact" + ("" if against is None else f", and reaches {against}"))
         if note:
@@ -211,15 +213,19 @@ def audit_head(
         Path | None, typer.Option("--out", help="Write the head here (default: stdout).")
     ] = None,
 ) -> None:
-    """Export the ledger's head: every run's event and seal heads, signed with the audit key.
-    Keep these exports outside the ledger (another machine, a bucket with object lock); `audit
-    verify --against HEADFILE` then finds a run deleted, or its newest writes cut, since."""
+    """Export the ledger's head: every run's event and seal heads and every shard's, signed with
+    the audit key. Keep these exports outside the ledger (another machine, a bucket with object
+    lock); `audit verify --against HEADFILE` then finds a run deleted, or its newest writes cut,
+    since, even by someone who put back shard heads they had watched."""
     from effectflow.ledger import audit
 
     store = _open_for_audit("head", db, False)
     try:
-        head = audit.export_head([audit.head_entry(m) for m in audit.materials(store).values()],
-                                 store.audit_key)  # fmt: skip
+        head = audit.export_head(
+            [audit.head_entry(m) for m in audit.materials(store).values()],
+            store.audit_key,
+            audit.shard_heads(store),
+        )
     finally:
         store.close()
     text = json.dumps(head, indent=1, sort_keys=True) + "\n"

@@ -31,6 +31,7 @@ import hmac
 import json
 import os
 import time
+import zlib
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -122,14 +123,19 @@ def seal_hash(
     *,
     run_id: str,
     n: int,
-    rows: Mapping[str, str | None],
+    rows_json: str,
     audit_head: str,
     audit_count: int,
     at: float,
     key: bytes | None = None,
 ) -> str:
-    """The hash of one seal, chained to the run's previous seal."""
-    body = digests.canonical_json([run_id, n, dict(rows), audit_head, audit_count, at])
+    """The hash of one seal, chained to the run's previous seal. ``rows_json`` is the seal's rows
+    map as stored (canonical JSON): it is hashed as it is, not printed again (the body is the
+    canonical JSON of ``[run_id, n, rows, audit_head, audit_count, at]``)."""
+    body = (
+        f"[{digests.canonical_json(run_id)},{n},{rows_json},"
+        f"{digests.canonical_json(audit_head)},{audit_count},{digests.canonical_json(at)}]"
+    )
     return _hash(key, f"{prev_hash}\n{body}")
 
 
@@ -148,6 +154,64 @@ def row_digest(table: str, record: Any) -> str:
     # 128 bits: the seal that holds it is itself hashed (and keyed): a shorter digest keeps each
     # seal, written with every batch, small.
     return digests.sha256_hex(digests.canonical_json([table, data]))[:32]
+
+
+#: The record type each sealed table holds (its fields are the table's columns, in this order).
+_RECORDS: dict[str, type] = {}
+#: Fields stored as canonical JSON text (``<field>_json`` columns).
+JSON_FIELDS = frozenset({"input", "output", "error", "evidence", "control", "detail"})
+#: Per table: the record's field names, and the positions of its float fields (times).
+_LAYOUT: dict[str, tuple[tuple[str, ...], tuple[int, ...]]] = {}
+
+
+def _layout(table: str) -> tuple[tuple[str, ...], tuple[int, ...]]:
+    found = _LAYOUT.get(table)
+    if found is None:
+        cls = _record_types()[table]
+        names = tuple(f.name for f in dataclasses.fields(cls))
+        floats = set(_float_fields(cls))
+        found = (names, tuple(i for i, name in enumerate(names) if name in floats))
+        _LAYOUT[table] = found
+    return found
+
+
+def _record_types() -> dict[str, type]:
+    if not _RECORDS:
+        from effectflow.ledger.store import DecisionRecord, OperationBinding
+
+        _RECORDS.update(
+            steps=records.StepRecord,
+            effects=records.EffectRecord,
+            attempts=records.AttemptRecord,
+            approvals=records.ApprovalRecord,
+            decisions=DecisionRecord,
+            operations=OperationBinding,
+        )
+    return _RECORDS
+
+
+def values_digest(table: str, values: list[Any]) -> str:
+    """The digest of one state row as the values a batch writes to its columns: the record's
+    fields in order, JSON ones as their canonical text (``record_values``). Written from the list
+    the INSERT sends anyway (no second print of its JSON), verified from the row read back.
+
+    A time is a float either way (SQLite hands a whole REAL back as an int; a test clock may give
+    an int)."""
+    floats = _layout(table)[1]
+    if any(type(values[i]) is int for i in floats):
+        values = [float(v) if i in floats and type(v) is int else v for i, v in enumerate(values)]
+    # 128 bits: the seal that holds it is itself hashed (and keyed); a shorter digest keeps each
+    # seal, written with every batch, small.
+    return digests.sha256_hex(digests.canonical_json([table, values]))[:32]
+
+
+def record_values(table: str, record: Any) -> list[Any]:
+    """A record as the values its table's columns hold: JSON fields as canonical text."""
+    data = record.__dict__
+    return [
+        digests.canonical_json(data[f]) if f in JSON_FIELDS and data[f] is not None else data[f]
+        for f in _layout(table)[0]
+    ]
 
 
 _FLOATS: dict[type, tuple[str, ...]] = {}
@@ -201,13 +265,17 @@ def apply_state(state: dict[str, Any], changes: Mapping[str, Any]) -> dict[str, 
     return out
 
 
-def _digest_of(table: str, record: Any) -> str:
+def _digest_of(table: str, record: Any, by_columns: bool = True) -> str:
+    """A row's digest as a seal holds it: ``by_columns`` as version 8 writes them
+    (``values_digest``), else as version 7 did (``row_digest``)."""
     if table == "runs":
         return run_state_digest(run_state_of(record))
     if table == "runs_fixed":
         fixed = {k: v for k, v in record.__dict__.items() if k not in _RUN_FIXED_DROP}
         fixed["created_at"] = float(fixed["created_at"])  # SQLite: a whole REAL comes back an int
         return digests.sha256_hex(digests.canonical_json(["runs_fixed", fixed]))[:32]
+    if by_columns:
+        return values_digest(table, record_values(table, record))
     return row_digest(table, record)
 
 
@@ -224,11 +292,6 @@ def row_key(table: str, record: Any) -> str:
     return f"{table}:{ident}"
 
 
-def sealed_rows(rows: Iterable[tuple[str, Any]]) -> dict[str, str]:
-    """The ``rows`` map of a seal: each row's key and digest."""
-    return {row_key(table, record): row_digest(table, record) for table, record in rows}
-
-
 @dataclasses.dataclass(frozen=True)
 class Material:
     """Everything ``verify`` reads of one run (both backends produce it the same way)."""
@@ -239,7 +302,9 @@ class Material:
     seal_head: str | None
     seal_count: int
     events: list[Any]  # records.AuditEvent
-    seals: list[dict[str, Any]]  # n, rows, audit_head, audit_count, at, prev_hash, hash
+    #: n, rows_json (and rows, parsed), audit_head, audit_count, at, prev_hash, hash, shard,
+    #: shard_seq
+    seals: list[dict[str, Any]]
     rows: dict[str, Any]  # row key -> record, as the tables hold them today
     #: Operation rows past their key retention, which ``purge_expired_keys`` may have removed.
     purgeable: set[str]
@@ -254,8 +319,12 @@ class Problem:
     message: str
 
 
-def verify_run(m: Material, key: bytes | None, *, sealed_since: float | None) -> list[Problem]:
-    """Recompute a run's two chains and compare its rows with their last seals."""
+def verify_run(
+    m: Material, key: bytes | None, *, sealed_since: float | None, shards_since: float | None
+) -> list[Problem]:
+    """Recompute a run's two chains and compare its rows with their last seals. ``sealed_since``
+    / ``shards_since``: when the ledger began writing seals (version 7) and chaining them in
+    shards (version 8), None if it has not."""
     rid = m.run.run_id
     problems: list[Problem] = []
 
@@ -307,15 +376,21 @@ def verify_run(m: Material, key: bytes | None, *, sealed_since: float | None) ->
             problems.append(Problem(rid, None, "the run has no seals (they were removed)"))
         return problems
     prev = seal_genesis(rid)
-    last: dict[str, str | None] = {}
+    # Each row's last sealed digest, and whether it is one of version 8 (digested by columns; a
+    # seal of version 8 has its place in a shard's chain).
+    last: dict[str, tuple[str, bool]] = {}
     for i, seal in enumerate(m.seals, 1):
         where = -seal["n"]  # seals are named by negative numbers beside event seqs
         if seal["n"] != i or seal["prev_hash"] != prev:
             problems.append(Problem(rid, where, f"seal {seal['n']} is out of its chain"))
+        if seal["shard_seq"] is None and shards_since is not None and seal["at"] > shards_since + 1:
+            problems.append(Problem(rid, where, f"seal {seal['n']} is outside its shard's chain"))
+        elif seal["shard_seq"] is not None and seal["shard"] != shard_of(rid):
+            problems.append(Problem(rid, where, f"seal {seal['n']} is in another run's shard"))
         fields = {
             "run_id": rid,
             "n": seal["n"],
-            "rows": seal["rows"],
+            "rows_json": seal["rows_json"],
             "audit_head": seal["audit_head"],
             "audit_count": seal["audit_count"],
             "at": seal["at"],
@@ -328,7 +403,8 @@ def verify_run(m: Material, key: bytes | None, *, sealed_since: float | None) ->
             f"seal {seal['n']}",
         )
         prev = seal["hash"]
-        last.update(seal["rows"])
+        by_columns = seal["shard_seq"] is not None
+        last.update((name, (digest, by_columns)) for name, digest in seal["rows"].items())
     final = m.seals[-1]
     if len(m.seals) != m.seal_count or prev != m.seal_head:
         problems.append(
@@ -354,7 +430,7 @@ def verify_run(m: Material, key: bytes | None, *, sealed_since: float | None) ->
         sealed = last.get(name)
         if sealed is None:
             problems.append(Problem(rid, None, f"{name} was written outside the ledger's writes"))
-        elif _digest_of(table, record) != sealed:
+        elif _digest_of(table, record, sealed[1]) != sealed[0]:
             problems.append(Problem(rid, None, f"{name} differs from what was written (edited)"))
     for name in sorted(set(last) - set(m.rows) - m.purgeable):
         problems.append(Problem(rid, None, f"{name} was written and is gone (deleted)"))
@@ -373,13 +449,26 @@ def head_entry(m: Material) -> dict[str, Any]:
     }
 
 
-def export_head(entries: list[dict[str, Any]], key: bytes | None) -> dict[str, Any]:
-    """The signed head of a whole ledger: every run's heads, with a signature over all of them."""
-    body = {
+def shard_heads(store: Any) -> list[dict[str, Any]]:
+    """Every shard's recorded head, for an exported head."""
+    rows = store.audit_rows(
+        "SELECT shard, n, head FROM audit_shards WHERE shard < ? ORDER BY shard", (INDEX,)
+    )
+    return [{"shard": int(r["shard"]), "n": int(r["n"]), "head": str(r["head"])} for r in rows]
+
+
+def export_head(
+    entries: list[dict[str, Any]], key: bytes | None, shards: list[dict[str, Any]] | None = None
+) -> dict[str, Any]:
+    """The signed head of a whole ledger: every run's heads and every shard's, with a signature
+    over all of them."""
+    body: dict[str, Any] = {
         "format": "effectflow-audit-head/1",
         "exported_at": time.time(),
         "runs": sorted(entries, key=lambda e: e["run_id"]),
     }
+    if shards is not None:
+        body["shards"] = shards
     text = digests.canonical_json(body)
     body["signature"] = _hash(key, text)
     body["key_id"] = None if key is None else key_id(key)
@@ -387,12 +476,17 @@ def export_head(entries: list[dict[str, Any]], key: bytes | None) -> dict[str, A
 
 
 def check_head(
-    head: Mapping[str, Any], found: Mapping[str, Material], key: bytes | None
+    head: Mapping[str, Any],
+    found: Mapping[str, Material],
+    key: bytes | None,
+    chains: list[ShardChain] | None = None,
 ) -> list[Problem]:
     """Compare a ledger with a head exported earlier: each run it lists must still be there, its
-    chains at least as long and passing through the exported heads."""
+    chains at least as long and passing through the exported heads; and so must each shard's
+    chain (``chains``, as ``replay_shards`` recomputed them), which also covers the runs the
+    export does not list by name."""
     problems: list[Problem] = []
-    body = {k: head[k] for k in ("format", "exported_at", "runs") if k in head}
+    body = {k: head[k] for k in ("format", "exported_at", "runs", "shards") if k in head}
     signature = str(head.get("signature", ""))
     if signature.startswith(KEYED) and key is None:
         problems.append(Problem("-", None, "the head is signed with a key: give it to verify"))
@@ -421,6 +515,27 @@ def check_head(
             problems.append(
                 Problem(rid, None, "the seals no longer reach the exported head (cut or rewritten)")
             )
+    by_shard = {c.shard: c for c in chains or ()}
+    for entry in head.get("shards", []) if chains is not None else []:
+        shard, n = int(entry["shard"]), int(entry["n"])
+        chain = by_shard.get(shard)
+        if chain is None or len(chain.heads) < n:
+            problems.append(
+                Problem(
+                    f"(shard {shard})",
+                    None,
+                    "the shard's chain is shorter than exported "
+                    "(seals were removed: runs deleted or cut)",
+                )
+            )
+        elif n and chain.heads[n - 1] is not None and chain.heads[n - 1] != entry["head"]:
+            problems.append(
+                Problem(
+                    f"(shard {shard})",
+                    None,
+                    "the shard's chain no longer passes through the exported head (rewritten)",
+                )
+            )
     return problems
 
 
@@ -438,12 +553,17 @@ def seal_batch(
     audit_count: int,
     now: float,
     key: bytes | None,
-) -> tuple[tuple[Any, ...], str, int] | None:
-    """The seal of one batch, written in its transaction: the row values for ``seals``, the run's
-    new seal head and count (None: the batch wrote nothing to seal). ``run_state`` is the run's
-    changing fields as the batch found them (``run_state_of`` / the stored columns, JSON ones as
-    canonical text), ``changes`` what the batch sets on the run, and ``audit_head`` /
-    ``audit_count`` the run's event chain after the batch."""
+    written: Mapping[str, list[list[Any]]],
+) -> tuple[list[Any], str, int] | None:
+    """The seal of one batch: the row values for ``seals`` (without its place in its shard's chain,
+    which ``chain_shards`` gives at the end of the transaction), the run's new seal head and count
+    (None: the batch wrote nothing to seal).
+
+    ``run_state`` is the run's changing fields as the batch found them (``run_state_of`` / the
+    stored columns, JSON ones as canonical text), ``changes`` what the batch sets on the run,
+    ``audit_head`` / ``audit_count`` the run's event chain after the batch, and ``written`` the
+    column values the batch's INSERTs sent for its steps, effects and attempts (in the batch's
+    order), which are digested as they are."""
     wrote = (
         batch.new_run is not None
         or batch.steps
@@ -457,49 +577,139 @@ def seal_batch(
     )
     if not wrote:
         return None
-    rows = {f"runs:{batch.run_id}": run_state_digest(apply_state(run_state, changes))}
+    rid = batch.run_id
+    rows = {f"runs:{rid}": run_state_digest(apply_state(run_state, changes))}
     if batch.new_run is not None:
-        rows[f"runs_fixed:{batch.run_id}"] = _digest_of("runs_fixed", batch.new_run)
-    rows |= sealed_rows(
-        [
-            *(("steps", s) for s in batch.steps.values()),
-            *(("effects", e) for e in batch.effects.values()),
-            *(("attempts", a) for a in batch.attempts.values()),
-            *(("approvals", a) for a in batch.approvals),
-            *(("decisions", d) for d in batch.decisions),
-            *(("operations", o) for o in batch.operations),
-        ]
-    )
+        rows[f"runs_fixed:{rid}"] = _digest_of("runs_fixed", batch.new_run)
+    for table, found in (
+        ("steps", batch.steps.values()),
+        ("effects", batch.effects.values()),
+        ("attempts", batch.attempts.values()),
+    ):
+        if found:
+            for record, values in zip(found, written[table], strict=True):
+                rows[row_key(table, record)] = values_digest(table, values)
+    for table, found in (
+        ("approvals", batch.approvals),
+        ("decisions", batch.decisions),
+        ("operations", batch.operations),
+    ):
+        for record in found:
+            rows[row_key(table, record)] = values_digest(table, record_values(table, record))
     n = seal_count + 1
-    prev = seal_head or seal_genesis(batch.run_id)
+    prev = seal_head or seal_genesis(rid)
+    rows_json = digests.canonical_json(rows)
     digest = seal_hash(
         prev,
-        run_id=batch.run_id,
+        run_id=rid,
         n=n,
-        rows=rows,
+        rows_json=rows_json,
         audit_head=audit_head,
         audit_count=audit_count,
         at=now,
         key=key,
     )
-    values = (
-        batch.run_id,
-        n,
-        digests.canonical_json(rows),
-        audit_head,
-        audit_count,
-        now,
-        prev,
-        digest,
-    )
-    return values, digest, n
+    return [rid, n, rows_json, audit_head, audit_count, now, prev, digest], digest, n
+
+
+#: How many shards the ledger-wide chains are spread over: each transaction extends the chains of
+#: the shards its runs fall in, so concurrent writers rarely wait on one another's shard.
+SHARDS = 64
+
+
+def shard_of(run_id: str) -> int:
+    """The shard a run's seals are chained in (stable across processes and machines)."""
+    return zlib.crc32(run_id.encode("utf-8")) % SHARDS
+
+
+def shard_genesis(shard: int) -> str:
+    """The head of a shard's chain before its first seal (also what the migration writes)."""
+    return f"effectflow-shard-genesis/{shard}"
+
+
+def shard_link(prev: str, *, shard: int, seq: int, seal_hash: str, key: bytes | None) -> str:
+    """A shard chain's head after the seal at ``seq``: the previous head and that seal's hash."""
+    return _hash(key, f"{prev}\n{shard}\n{seq}\n{seal_hash}")
+
+
+def shards_of(pending: Iterable[list[Any]]) -> list[int]:
+    """The shards a transaction's seals fall in, in the order their rows are locked (sorted: two
+    transactions lock shards in one order, so they never deadlock)."""
+    return sorted({shard_of(values[0]) for values in pending})
+
+
+def shard_heads_read(
+    shards: list[int], rows: Iterable[tuple[int, int, str]]
+) -> dict[int, tuple[int, str]]:
+    """The ``(n, head)`` of each of ``shards`` from its ``audit_shards`` rows.
+
+    Raises:
+        errors.LedgerFileError: a shard's row is gone: the ledger was edited outside effectflow.
+            Nothing is written (a chain restarted here would hide what was removed).
+    """
+    heads = {int(shard): (int(n), str(head)) for shard, n, head in rows}
+    for shard in shards:
+        if shard not in heads:
+            raise errors.LedgerFileError(
+                f"the ledger's audit shard {shard} has no head row: it was edited outside "
+                "effectflow, so nothing more is written to it; run `effectflow audit verify`"
+            )
+    return heads
+
+
+def chain_shards(
+    pending: list[list[Any]], heads: Mapping[int, tuple[int, str]], key: bytes | None
+) -> list[tuple[int, str, int]]:
+    """Give each pending seal its place in its shard's chain (appending ``shard`` and
+    ``shard_seq`` to its row values, in the order the transaction wrote them); returns each
+    shard's new ``(n, head, shard)``. ``heads`` is each shard's ``(n, head)`` read under lock."""
+    moved: dict[int, tuple[int, str]] = {}
+    for values in pending:
+        shard = shard_of(values[0])
+        n, head = moved.get(shard) or heads[shard]
+        n += 1
+        head = shard_link(head, shard=shard, seq=n, seal_hash=values[7], key=key)
+        values.extend((shard, n))
+        moved[shard] = (n, head)
+    return [(n, head, shard) for shard, (n, head) in sorted(moved.items())]
+
+
+#: The ``audit_shards`` row that names the shards in use. A shard emptied of every seal would look
+#: like one never used; this row's head covers the set of used shards, so emptying one means
+#: writing a new head over the smaller set, which takes the key. It changes only when a shard is
+#: used for the first time: at most ``SHARDS`` times in a ledger's life.
+INDEX = SHARDS
+
+
+def index_genesis() -> str:
+    """The index row's head before any shard is used (also what the migration writes)."""
+    return "effectflow-shard-index/"
+
+
+def index_head(used: Iterable[int], key: bytes | None) -> str:
+    """The index row's head over the set of used shards."""
+    return _hash(key, "effectflow-shard-index\n" + ",".join(str(s) for s in sorted(used)))
+
+
+def first_uses(heads: Mapping[int, tuple[int, str]], shards: Iterable[int]) -> bool:
+    """Whether this transaction is the first to seal in one of ``shards`` (the index must move)."""
+    return any(heads[s][0] == 0 for s in shards)
+
+
+def index_row(used: Iterable[int], key: bytes | None) -> tuple[int, str, int]:
+    """The index row's new ``(n, head, shard)``, for ``used`` (read under the index row's lock,
+    plus the transaction's own shards)."""
+    found = set(used)
+    return len(found), index_head(found, key), INDEX
 
 
 #: The statement that appends a seal (``?`` placeholders; PostgreSQL swaps in ``%s``).
 INSERT_SEAL = (
-    "INSERT INTO seals (run_id, n, rows_json, audit_head, audit_count, at, prev_hash, hash) "
-    "VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+    "INSERT INTO seals (run_id, n, rows_json, audit_head, audit_count, at, prev_hash, hash, "
+    "shard, shard_seq) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 )
+#: The statement that moves a shard's head (``chain_shards``' rows).
+UPDATE_SHARD = "UPDATE audit_shards SET n = ?, head = ? WHERE shard = ?"
 
 
 def _material(store: Any, head: Mapping[str, Any]) -> Material:
@@ -528,7 +738,7 @@ def _material(store: Any, head: Mapping[str, Any]) -> Material:
     seals = []
     for r in store.audit_rows("SELECT * FROM seals WHERE run_id = ? ORDER BY n", (rid,)):
         seal = dict(r)
-        seal["rows"] = json.loads(seal.pop("rows_json"))
+        seal["rows"] = json.loads(seal["rows_json"])
         seals.append(seal)
     # A binding past its retention may have been purged (``purge_expired_keys``): not a deletion.
     for seal in seals:
@@ -560,15 +770,120 @@ def materials(store: Any, run_id: str | None = None) -> dict[str, Material]:
     return {str(h["run_id"]): _material(store, h) for h in heads}
 
 
+def _applied_at(store: Any, version: int) -> float | None:
+    found = store.audit_rows(
+        "SELECT applied_at FROM schema_migrations WHERE version = ?", (version,)
+    )
+    return float(found[0]["applied_at"]) if found else None
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardChain:
+    """One shard's chain as ``verify`` replayed it."""
+
+    shard: int
+    #: The head the ledger records, and its length.
+    head: str
+    n: int
+    #: The head after each seal, by position (1-based), as recomputed (None where it could not be:
+    #: a keyed seal and no key).
+    heads: list[str | None]
+
+
+def replay_shards(store: Any, key: bytes | None) -> tuple[list[Problem], list[ShardChain]]:
+    """Recompute every shard's chain from the seals in it and compare it with the head the ledger
+    records: a seal removed anywhere (a run deleted whole, a tail cut) breaks its shard's chain,
+    and with a key nobody without it can mend the chain."""
+    problems: list[Problem] = []
+    chains: list[ShardChain] = []
+    recorded = {
+        int(r["shard"]): (int(r["n"]), str(r["head"]))
+        for r in store.audit_rows("SELECT shard, n, head FROM audit_shards", ())
+    }
+    for shard in range(SHARDS):
+        where = f"(shard {shard})"
+        if shard not in recorded:
+            problems.append(Problem(where, None, "the shard's head row is gone (deleted)"))
+            continue
+        n, head = recorded[shard]
+        seals = store.audit_rows(
+            "SELECT run_id, n, hash, shard_seq FROM seals WHERE shard = ? ORDER BY shard_seq",
+            (shard,),
+        )
+        prev: str | None = shard_genesis(shard)
+        heads: list[str | None] = []
+        for seq, seal in enumerate(seals, 1):
+            if seal["shard_seq"] != seq:
+                problems.append(
+                    Problem(
+                        where,
+                        None,
+                        f"the shard's chain skips from {seq - 1} to {seal['shard_seq']} at seal "
+                        f"{seal['n']} of run {seal['run_id']} (seals were removed)",
+                    )
+                )
+                prev = None  # the rest of this chain cannot be recomputed
+                break
+            keyed = str(seal["hash"]).startswith(KEYED)
+            if prev is not None and keyed and key is None:
+                prev = None  # verifiable with the key only (said once, by the caller)
+            if prev is not None:
+                prev = shard_link(
+                    prev, shard=shard, seq=seq, seal_hash=seal["hash"], key=key if keyed else None
+                )
+            heads.append(prev)
+        if len(seals) != n:
+            message = (
+                f"the shard's chain has {len(seals)} seals, its head records {n} (seals were "
+                "removed or added)"
+            )
+        elif heads and heads[-1] is not None and heads[-1] != head:
+            message = "the shard's chain does not end where its head says (seals or head rewritten)"
+        elif not seals and head != shard_genesis(shard):
+            message = "the shard has no seals and its head is not a new shard's (edited)"
+        else:
+            message = ""
+        if message:
+            problems.append(Problem(where, None, message))
+        chains.append(ShardChain(shard, head, n, heads))
+    used = {s for s, (n, _) in recorded.items() if s != INDEX and n > 0}
+    index = recorded.get(INDEX)
+    if index is None:
+        problems.append(
+            Problem(f"(shard {INDEX})", None, "the shards' index row is gone (deleted)")
+        )
+    else:
+        n, head = index
+        keyed = head.startswith(KEYED)
+        expected = index_genesis() if not used else index_head(used, key if keyed else None)
+        if used and key is not None and not keyed:
+            problems.append(
+                Problem(f"(shard {INDEX})", None, "the index was written without the audit key")
+            )
+        elif n != len(used) or (not (keyed and key is None) and head != expected):
+            problems.append(
+                Problem(
+                    f"(shard {INDEX})",
+                    None,
+                    f"the index names {n} shards in use, {len(used)} have seals, or its head does "
+                    "not cover them (a shard was emptied, or its head row edited)",
+                )
+            )
+    return problems, chains
+
+
 def verify(store: Any, run_id: str | None, key: bytes | None) -> list[Problem]:
-    """Verify the ledger (or one run): both chains of every run, its rows against its seals, and
-    what is left of runs that are gone."""
-    since = store.audit_rows("SELECT applied_at FROM schema_migrations WHERE version = 7", ())
-    sealed_since = float(since[0]["applied_at"]) if since else None
+    """Verify the ledger (or one run): both chains of every run, its rows against its seals, the
+    shards' chains over every run's seals, and what is left of runs that are gone."""
+    sealed_since = _applied_at(store, 7)
+    shards_since = _applied_at(store, 8)
     problems: list[Problem] = []
     for material in materials(store, run_id).values():
-        problems.extend(verify_run(material, key, sealed_since=sealed_since))
+        problems.extend(
+            verify_run(material, key, sealed_since=sealed_since, shards_since=shards_since)
+        )
     if run_id is None:
+        problems.extend(replay_shards(store, key)[0])
         for table in ("audit", "seals", "steps", "effects"):
             orphans = store.audit_rows(
                 f"SELECT DISTINCT run_id FROM {table} "

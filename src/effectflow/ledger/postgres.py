@@ -7,8 +7,10 @@ different runs never wait for each other. Claimers skip the rows other claimers 
 (``FOR UPDATE SKIP LOCKED``), and a transaction that leaves a run waiting for a worker sends
 ``NOTIFY effectflow_runnable``, which ``wait_for_work`` listens for on a connection of its own.
 
-Records read back identical to SQLite's: times are DOUBLE PRECISION epoch seconds, JSON columns are
-jsonb, and the audit detail stays the exact canonical JSON text that was hashed.
+Records read back identical to SQLite's: times are DOUBLE PRECISION epoch seconds, and JSON
+columns hold the canonical JSON text the write path printed (TEXT, as SQLite does: jsonb would
+print ``1e16`` back as the integer ``10000000000000000``, another value than the one recorded and
+sealed). Cast a column to jsonb to query into it (``output_json::jsonb ->> 'id'``).
 """
 
 from __future__ import annotations
@@ -27,7 +29,6 @@ import psycopg
 import psycopg_pool
 from psycopg import conninfo as pg_conninfo
 from psycopg.rows import TupleRow, dict_row
-from psycopg.types.json import Jsonb
 
 from effectflow import digests, errors
 from effectflow.ledger import audit as audit_chain
@@ -159,27 +160,38 @@ _INSERT_RUN = (
     f"ON CONFLICT (run_id) DO NOTHING RETURNING {_HEAD}"
 )
 _INSERT_SEAL = audit_chain.INSERT_SEAL.replace("?", "%s")
+_UPDATE_SHARD = audit_chain.UPDATE_SHARD.replace("?", "%s")
+# Locked in shard order (``audit.shards_of`` sorts them): the rows are locked as the sort yields
+# them.
+_LOCK_SHARDS = (
+    "SELECT shard, n, head FROM audit_shards WHERE shard = ANY(%s) ORDER BY shard FOR UPDATE"
+)
 _INSERT_AUDIT = (
     "INSERT INTO audit (run_id, step_id, effect_id, kind, actor, detail_json, at, prev_hash, hash) "
     "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)"
 )
 
 
-def _json(value: Any) -> Jsonb | None:
-    return None if value is None else Jsonb(value, dumps=digests.canonical_json)
+def _dumps(value: Any) -> str | None:
+    return None if value is None else digests.canonical_json(value)
+
+
+def _loads(text: str | None) -> Any:
+    return None if text is None else json.loads(text)
 
 
 def _value(field: str, value: Any) -> Any:
-    return _json(value) if field in _JSON_FIELDS else value
+    return _dumps(value) if field in _JSON_FIELDS else value
 
 
 def _row_values(record: Any, fields: list[str]) -> list[Any]:
-    return [_value(field, getattr(record, field)) for field in fields]
+    # Read the instance dict directly: seven records a step go through here.
+    values = record.__dict__
+    return [_dumps(values[field]) if field in _JSON_FIELDS else values[field] for field in fields]
 
 
 def _from_row(cls: type[T], fields: list[str], row: Row) -> T:
-    # jsonb columns arrive decoded by psycopg.
-    return cls(**{f: row[_column(f)] for f in fields})
+    return cls(**{f: (_loads(row[_column(f)]) if f in _JSON_FIELDS else row[f]) for f in fields})
 
 
 def _run(row: Row) -> records.RunRecord:
@@ -192,10 +204,7 @@ def _run(row: Row) -> records.RunRecord:
 def _run_state(row: Row) -> dict[str, Any]:
     """The run's changing fields as stored, JSON ones as canonical text, for its seal."""
     return {
-        f: (None if row[f"{f}_json"] is None else digests.canonical_json(row[f"{f}_json"]))
-        if f in audit_chain.RUN_JSON
-        else row[f]
-        for f in audit_chain.RUN_STATE
+        f: row[f"{f}_json"] if f in audit_chain.RUN_JSON else row[f] for f in audit_chain.RUN_STATE
     }
 
 
@@ -455,7 +464,9 @@ class PostgresStore:
     def apply(self, batch: Batch, *, lease_ttl: float, now: float) -> dict[str, Any] | None:
         """Commit one batch in one transaction (see ``LedgerStore.apply``)."""
         with self._batch(deferrable=batch.deferrable) as conn:
-            return self._apply_txn(conn, batch, lease_ttl=lease_ttl, now=now)
+            control, seal = self._apply_txn(conn, batch, lease_ttl=lease_ttl, now=now)
+            self._seal_txn(conn, [seal] if seal else [])
+            return control
 
     def apply_with(
         self,
@@ -482,7 +493,8 @@ class PostgresStore:
                 value = work(tx)
                 batch = finish(value)
                 with _pipeline(conn):
-                    control = self._apply_txn(conn, batch, lease_ttl=lease_ttl, now=now)
+                    control, seal = self._apply_txn(conn, batch, lease_ttl=lease_ttl, now=now)
+                    self._seal_txn(conn, [seal] if seal else [])
                 written = True  # from here on, only the COMMIT can fail
         except Exception as exc:
             if batch is None or not written or _answered(exc):
@@ -526,11 +538,12 @@ class PostgresStore:
         # Runs are locked in run-id order (as heartbeats lock them), so two transactions sharing
         # runs cannot deadlock; the sort is stable, so batches of one run keep their order.
         order = sorted(range(len(batches)), key=lambda i: batches[i].run_id)
+        seals: list[list[Any]] = []
         with self._batch(deferrable=all(b.deferrable for b in batches)) as conn:
             for i in order:
                 conn.execute("SAVEPOINT batch")
                 try:
-                    control = self._apply_txn(conn, batches[i], lease_ttl=lease_ttl, now=now)
+                    control, seal = self._apply_txn(conn, batches[i], lease_ttl=lease_ttl, now=now)
                 except (
                     errors.LeaseLost,
                     errors.IdempotencyConflict,
@@ -546,8 +559,38 @@ class PostgresStore:
                     results[i] = Applied(error=exc)
                 else:
                     results[i] = Applied(control=control)
+                    if seal:
+                        seals.append(seal)
                 conn.execute("RELEASE SAVEPOINT batch")
+            self._seal_txn(conn, seals)
         return [r for r in results if r is not None]
+
+    def _seal_txn(self, conn: Connection, seals: list[list[Any]]) -> None:
+        """Append the transaction's seals, each chained into its shard (see ``audit``). Last in the
+        transaction, shards locked in one order: a transaction holding a shard waits for nothing
+        but its COMMIT, so shards never deadlock with run rows or with each other."""
+        if not seals:
+            return
+        shards = audit_chain.shards_of(seals)
+        rows = _rows(conn, _LOCK_SHARDS, (shards,))
+        heads = audit_chain.shard_heads_read(
+            shards, [(r["shard"], r["n"], r["head"]) for r in rows]
+        )
+        moved = audit_chain.chain_shards(seals, heads, self.audit_key)
+        if audit_chain.first_uses(heads, shards):
+            # The index row last (every transaction takes it after its shards): it serializes the
+            # first uses, and each then reads the others' committed ones.
+            _rows(
+                conn, "SELECT n FROM audit_shards WHERE shard = %s FOR UPDATE", (audit_chain.INDEX,)
+            )
+            used = _rows(conn, "SELECT shard FROM audit_shards WHERE n > 0 AND shard <> %s",
+                         (audit_chain.INDEX,))  # fmt: skip
+            moved.append(
+                audit_chain.index_row([*(r["shard"] for r in used), *shards], self.audit_key)
+            )
+        with conn.cursor() as cur:
+            cur.executemany(_INSERT_SEAL, seals)
+            cur.executemany(_UPDATE_SHARD, moved)
 
     def claim_runnable(
         self,
@@ -631,9 +674,11 @@ class PostgresStore:
 
     def _apply_txn(
         self, conn: Connection, batch: Batch, *, lease_ttl: float, now: float
-    ) -> dict[str, Any] | None:
+    ) -> tuple[dict[str, Any] | None, list[Any] | None]:
         """Write one batch in the caller's transaction and pipeline: one round trip for the new
-        run and the fence, one per operation binding, and the rest go with the commit."""
+        run and the fence, one per operation binding, and the rest go with the commit. Returns
+        the run's control request and the batch's seal, which the caller appends (one more round
+        trip, for its shard's head) once the transaction's batches are written."""
         head = None
         if batch.new_run is not None:
             run = batch.new_run
@@ -686,17 +731,19 @@ class PostgresStore:
                     run_id=batch.run_id,
                     step_id=approval.step_id,
                 )
-        writes: list[tuple[str, list[str], Iterable[Any]]] = [
-            (_UPSERT_STEP, _STEP_FIELDS, batch.steps.values()),
-            (_UPSERT_EFFECT, _EFFECT_FIELDS, batch.effects.values()),
-            (_UPSERT_ATTEMPT, _ATTEMPT_FIELDS, batch.attempts.values()),
+        writes: list[tuple[str, str, list[str], Iterable[Any]]] = [
+            ("steps", _UPSERT_STEP, _STEP_FIELDS, batch.steps.values()),
+            ("effects", _UPSERT_EFFECT, _EFFECT_FIELDS, batch.effects.values()),
+            ("attempts", _UPSERT_ATTEMPT, _ATTEMPT_FIELDS, batch.attempts.values()),
         ]
         changes = dict(batch.run_changes)
         assert head is not None  # the fence, the insert or the read above found the run
+        written: dict[str, list[list[Any]]] = {}
         with conn.cursor() as cur:
-            for sql, fields, records_ in writes:
+            for table, sql, fields, records_ in writes:
                 values = [_row_values(record, fields) for record in records_]
                 if values:
+                    written[table] = values
                     cur.executemany(sql, values)
             if batch.audit:
                 events, changes["audit_head"], changes["audit_count"] = _chain(
@@ -713,9 +760,9 @@ class PostgresStore:
                 changes["audit_count"] if batch.audit else head["audit_count"],
                 now,
                 self.audit_key,
+                written,
             )
             if sealed is not None:
-                cur.execute(_INSERT_SEAL, sealed[0])
                 changes["seal_head"], changes["seal_count"] = sealed[1], sealed[2]
             if changes:
                 changes.setdefault("updated_at", now)
@@ -731,10 +778,10 @@ class PostgresStore:
                     "AND status IN ('running', 'cancelling') AND lease_owner IS NULL",
                     (CHANNEL, batch.run_id),
                 )
+        seal = None if sealed is None else sealed[0]
         if "control" in changes:
-            control: dict[str, Any] | None = changes["control"]
-            return control
-        return head["control_json"]  # type: ignore[no-any-return]
+            return changes["control"], seal
+        return _loads(head["control_json"]), seal
 
     def _check_txn(self, conn: Connection, run_id: str, expectation: expect.Expectation) -> None:
         """Refuse the batch (``StaleState``) unless ``expectation`` holds, read under the run's

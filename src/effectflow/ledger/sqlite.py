@@ -120,6 +120,8 @@ _UPSERT_EFFECT = _upsert_sql(
     fixed=("run_id", "step_id", "created_at", "compensates"),
 )
 _RUN_COLUMNS = [_column(f) for f in _RUN_FIELDS]
+#: The shards that hold seals (for the index row, ``audit.INDEX``).
+_USED_SHARDS = "SELECT shard FROM audit_shards WHERE n > 0 AND shard <> ?"
 #: What a batch reads of its run's row: the chains' heads, the control request, and the changing
 #: fields its seal covers (not the input, however large: it is sealed once, at the creation).
 _HEAD = ", ".join(
@@ -343,7 +345,9 @@ class SQLiteStore:
     def apply(self, batch: Batch, *, lease_ttl: float, now: float) -> dict[str, Any] | None:
         """Commit one batch in one transaction (see ``LedgerStore.apply``)."""
         with self._write(deferrable=batch.deferrable) as conn:
-            return self._apply_txn(conn, batch, lease_ttl=lease_ttl, now=now)
+            control, seal = self._apply_txn(conn, batch, lease_ttl=lease_ttl, now=now)
+            self._seal_txn(conn, [seal] if seal else [])
+            return control
 
     def apply_with(
         self,
@@ -365,7 +369,8 @@ class SQLiteStore:
                 with self._write() as conn:
                     value = work(LocalTransaction(conn, backend="sqlite", paramstyle="qmark"))
                     batch = finish(value)
-                    control = self._apply_txn(conn, batch, lease_ttl=lease_ttl, now=now)
+                    control, seal = self._apply_txn(conn, batch, lease_ttl=lease_ttl, now=now)
+                    self._seal_txn(conn, [seal] if seal else [])
                     written = True  # from here on, only the COMMIT can fail
             except Exception as exc:
                 if batch is None or not written:
@@ -394,11 +399,12 @@ class SQLiteStore:
         """Group commit: every batch in one transaction, each inside a savepoint so one refused
         batch does not sink the others."""
         results: list[Applied] = []
+        seals: list[list[Any]] = []
         with self._write(deferrable=all(b.deferrable for b in batches)) as conn:
             for batch in batches:
                 conn.execute("SAVEPOINT batch")
                 try:
-                    control = self._apply_txn(conn, batch, lease_ttl=lease_ttl, now=now)
+                    control, seal = self._apply_txn(conn, batch, lease_ttl=lease_ttl, now=now)
                 except (
                     errors.LeaseLost,
                     errors.IdempotencyConflict,
@@ -409,8 +415,28 @@ class SQLiteStore:
                     results.append(Applied(error=exc))
                 else:
                     results.append(Applied(control=control))
+                    if seal:
+                        seals.append(seal)
                 conn.execute("RELEASE batch")
+            self._seal_txn(conn, seals)
         return results
+
+    def _seal_txn(self, conn: sqlite3.Connection, seals: list[list[Any]]) -> None:
+        """Append the transaction's seals, each chained into its shard (see ``audit``)."""
+        if not seals:
+            return
+        shards = audit_chain.shards_of(seals)
+        rows = conn.execute(
+            f"SELECT shard, n, head FROM audit_shards WHERE shard IN ({', '.join('?' * len(shards))})",
+            shards,
+        ).fetchall()
+        heads = audit_chain.shard_heads_read(shards, [(r[0], r[1], r[2]) for r in rows])
+        moved = audit_chain.chain_shards(seals, heads, self.audit_key)
+        if audit_chain.first_uses(heads, shards):
+            used = conn.execute(_USED_SHARDS, (audit_chain.INDEX,)).fetchall()
+            moved.append(audit_chain.index_row([*(r[0] for r in used), *shards], self.audit_key))
+        conn.executemany(audit_chain.INSERT_SEAL, seals)
+        conn.executemany(audit_chain.UPDATE_SHARD, moved)
 
     def claim_runnable(
         self,
@@ -455,7 +481,9 @@ class SQLiteStore:
 
     def _apply_txn(
         self, conn: sqlite3.Connection, batch: Batch, *, lease_ttl: float, now: float
-    ) -> dict[str, Any] | None:
+    ) -> tuple[dict[str, Any] | None, list[Any] | None]:
+        """Write one batch in the caller's transaction; returns the run's control request and the
+        batch's seal, which the caller appends once the transaction's batches are written."""
         head = None
         if batch.new_run is not None:
             run = batch.new_run
@@ -530,18 +558,15 @@ class SQLiteStore:
                     run_id=batch.run_id,
                     step_id=approval.step_id,
                 )
-        if batch.steps:
-            conn.executemany(
-                _UPSERT_STEP, [_row_values(s, _STEP_FIELDS) for s in batch.steps.values()]
-            )
-        if batch.effects:
-            conn.executemany(
-                _UPSERT_EFFECT, [_row_values(e, _EFFECT_FIELDS) for e in batch.effects.values()]
-            )
-        if batch.attempts:
-            conn.executemany(
-                _UPSERT_ATTEMPT, [_row_values(a, _ATTEMPT_FIELDS) for a in batch.attempts.values()]
-            )
+        written: dict[str, list[list[Any]]] = {}
+        for table, sql, fields, found in (
+            ("steps", _UPSERT_STEP, _STEP_FIELDS, batch.steps),
+            ("effects", _UPSERT_EFFECT, _EFFECT_FIELDS, batch.effects),
+            ("attempts", _UPSERT_ATTEMPT, _ATTEMPT_FIELDS, batch.attempts),
+        ):
+            if found:
+                values = written[table] = [_row_values(r, fields) for r in found.values()]
+                conn.executemany(sql, values)
         changes = dict(batch.run_changes)
         if batch.audit:
             prev, count = head["audit_head"], head["audit_count"]
@@ -590,9 +615,9 @@ class SQLiteStore:
             changes.get("audit_count", head["audit_count"]),
             now,
             self.audit_key,
+            written,
         )
         if sealed is not None:
-            conn.execute(audit_chain.INSERT_SEAL, sealed[0])
             changes["seal_head"], changes["seal_count"] = sealed[1], sealed[2]
         if changes:
             changes.setdefault("updated_at", now)
@@ -601,10 +626,10 @@ class SQLiteStore:
                 f"UPDATE runs SET {', '.join(f'{c} = ?' for c, _ in cols)} WHERE run_id = ?",
                 [*(v for _, v in cols), batch.run_id],
             )
+        seal = None if sealed is None else sealed[0]
         if "control" in changes:
-            control: dict[str, Any] | None = changes["control"]
-            return control
-        return _loads(head["control_json"])  # type: ignore[no-any-return]
+            return changes["control"], seal
+        return _loads(head["control_json"]), seal
 
     def _check_txn(
         self, conn: sqlite3.Connection, run_id: str, expectation: expect.Expectation
