@@ -375,6 +375,9 @@ GOOD: dict[str, dict[str, Any]] = {
     "nul_free_unicode": {"note": UNICODE, "by_key": {UNICODE: [UNICODE]}},
     "escape_sequences_as_text": {"note": ESCAPE, "by_key": {ESCAPE: ESCAPE}},
     "bytes_carry_nul": {"blob": b"\x00\xff"},
+    # Floats whose shortest print has an exponent: jsonb printed them back as integers (another
+    # value to JSON, and to the seals); PostgreSQL stores the canonical text since version 8.
+    "floats_with_exponents": {"f": [1e16, 1.5e17, 1e300, -1e22, 1e-7, 5e-324, 0.1, 2.0]},
 }
 
 
