@@ -16,11 +16,20 @@ marked ``hmac-sha256:``: whoever can write the database but not read the key can
 Without a key the hashes are plain sha256 and anyone can recompute them, so only accidental damage
 (a disk, a bad restore, a hand edit that forgot the hashes) is detectable — ``verify`` says so.
 
-**What no hash in the ledger can show** is a run deleted whole, or its newest writes cut off,
-together with their seals and heads: the ledger is consistent again. ``effectflow audit head``
-exports every run's heads, signed with the key; an operator keeps these exports elsewhere, and
-``verify --against HEADFILE`` checks that each run is still there and its chains still reach the
-exported heads.
+**A head over every run.** A run's own chains cannot show that the run was deleted whole, or its
+newest writes cut together with their seals: what is left is consistent. So each seal is also a
+link in the chain of its run's *shard* (one of ``SHARDS``, by ``shard_of(run_id)``); the
+``audit_shards`` table keeps each chain's length and head, extended last in every transaction that
+seals (shards locked in order, so writers never deadlock; 64 of them, so writers of different runs
+rarely wait on one row). A removed seal leaves a gap, or a head its chain no longer reaches; an
+emptied shard is told from one never used by the index row (``INDEX``), whose head covers the set
+of used shards. With a key, nobody without it can compute a mended head.
+
+**What no hash inside one database can show** is a rollback to a state someone watched: whoever
+kept the shard rows of an earlier moment can delete everything written since and put them back.
+``effectflow audit head`` exports every run's heads and every shard's, signed with the key; an
+operator keeps these exports elsewhere, and ``verify --against HEADFILE`` checks that each run is
+still there and that its chains and the shards' still reach the exported heads.
 """
 
 from __future__ import annotations
