@@ -1,5 +1,6 @@
 """Two HTTP API servers on one ledger answer two opposite resolutions of one effect, sent at the
-same moment: one 200, one 409 ``stale_state``, every time, on both backends (DESIGN §9)."""
+same moment: one 200, one 409 ``stale_state``, every time, on both backends
+(docs/concepts.md#peoples-decisions-are-compare-and-swap)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
 """Batch expectations on every backend: what a decision was made on is checked in the transaction
-that records it, and a batch whose expectation fails writes nothing (DESIGN §9)."""
+that records it, and a batch whose expectation fails writes nothing
+(docs/concepts.md#peoples-decisions-are-compare-and-swap)."""
 
 from __future__ import annotations
 

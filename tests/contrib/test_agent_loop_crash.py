@@ -1,5 +1,6 @@
 """A real worker running an agent is SIGKILLed mid-turn; a fresh process recovers without asking the
-model again for a recorded turn, and without a second refund or email (DESIGN §8)."""
+model again for a recorded turn, and without a second refund or email
+(docs/concepts.md#agents-and-models)."""
 
 from __future__ import annotations
 

@@ -474,9 +474,9 @@ class AskingTwiceModel(ScriptedModel):
 
 
 def test_a_repeat_the_conversation_still_shows_is_a_new_request(rt: ef.Runtime) -> None:
-    """DESIGN §10: the model asks for the same call again while the first is in the
-    conversation: that is a new request (two effects), unlike a call regenerated after a lost
-    turn (the fork test above: one)."""
+    """The model asks for the same call again while the first is in the conversation: that is a
+    new request (two effects), unlike a call regenerated after a lost turn (the fork test above:
+    one; docs/concepts.md#regenerated-calls)."""
     model = AskingTwiceModel(tool=send.name, args=SEND)
     middleware = ef_langgraph.EffectflowMiddleware(rt, tools=[send])
     agent = create_agent(model, middleware=[middleware], checkpointer=InMemorySaver())

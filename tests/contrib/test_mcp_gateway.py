@@ -151,8 +151,8 @@ def test_a_commit_whose_answer_outlives_the_timeout_is_waited_for_not_repeated(
     tmp_path: Path,
 ) -> None:
     """The upstream commits, then answers after the gateway's timeout while its lookup is down:
-    the call still running is not abandoned; its late answer confirms the effect (DESIGN §3.1),
-    and the upstream holds one email."""
+    the call still running is not abandoned; its late answer confirms the effect
+    (docs/decision-table.md#when-not-found-is-proof), and the upstream holds one email."""
     mail_db = tmp_path / "mail.db"
     Path(f"{mail_db}.slow").write_text(str(SEND_TIMEOUT * 2))
     Path(f"{mail_db}.lookup_down").write_text("")

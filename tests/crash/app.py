@@ -2,8 +2,9 @@
 
 The child process (``child.py``) imports this module, so a fresh process after a SIGKILL finds the
 same tools and workflows by the names the ledger recorded. The tools translate provider errors into
-the signals of DESIGN §6 (``ProviderUnavailable`` proves nothing was sent: ``NotCommitted``; a
-rejection is ``Rejected``; a timeout stays ambiguous), exactly as a real integration must.
+the signals a tool gives the runtime (docs/concepts.md#what-a-tool-tells-the-runtime:
+``ProviderUnavailable`` proves nothing was sent: ``NotCommitted``; a rejection is ``Rejected``; a
+timeout stays ambiguous), exactly as a real integration must.
 
 Every tool invocation is appended to a journal file before it returns, so a test can count how often
 a pure or read step really ran, across processes, even when the process died right after.
@@ -88,7 +89,7 @@ def _provider(cls: type[P], name: str) -> Iterator[P]:
 
 
 def _signals(call: Callable[[], dict[str, Any]]) -> dict[str, Any]:
-    """Map provider errors to what they prove (DESIGN §6)."""
+    """Map provider errors to what they prove (docs/concepts.md#what-a-tool-tells-the-runtime)."""
     try:
         return call()
     except ProviderUnavailable as exc:
@@ -285,7 +286,8 @@ def crash_window(ctx: ef.Context, case_id: str, kind: str) -> dict[str, Any]:
 
 @ef.workflow(CASE_WORKFLOW)
 def crash_case(ctx: ef.Context, case_id: str) -> dict[str, Any]:
-    """The customer case of DESIGN §1: draft, send the email, CRM follow-up, notify the owner."""
+    """The customer case (docs/concepts.md#the-customer-case): draft, send the email, CRM
+    follow-up, notify the owner."""
     body = ctx.call(DRAFT, draft, case_id=case_id)
     sent = ctx.call(SEND_EMAIL, send_email, to=address_of(case_id), subject="Your case", body=body)
     task = ctx.call(

@@ -3,7 +3,8 @@ is compensated (cancelled) when the goal is abandoned, and a ``local_transaction
 
 ``child.py --app app_stop`` imports this module next to ``app``, so a fresh process after a SIGKILL
 finds these tools and workflows by the names the ledger recorded. The payment tools translate
-provider errors into the signals of DESIGN §6, as a real integration must.
+provider errors into the signals a tool gives the runtime
+(docs/concepts.md#what-a-tool-tells-the-runtime), as a real integration must.
 """
 
 from __future__ import annotations
@@ -62,7 +63,7 @@ def _payments() -> Iterator[PaymentsProvider]:
 
 
 def _signals(call: Callable[[], dict[str, Any]]) -> dict[str, Any]:
-    """Map provider errors to what they prove (DESIGN §6)."""
+    """Map provider errors to what they prove (docs/concepts.md#what-a-tool-tells-the-runtime)."""
     try:
         return call()
     except ProviderUnavailable as exc:

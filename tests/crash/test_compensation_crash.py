@@ -1,7 +1,8 @@
 """A real worker process is SIGKILLed in the middle of a compensation; a fresh process recovers it
 (``rt.recover()`` alone: the run was left ``running`` by a dead owner, nothing needs reconciling).
 The compensation is neither repeated nor lost: the payments provider's own file holds one refund,
-cancelled once, and the ledger agrees (DESIGN §3, §4 last rows, §5).
+cancelled once, and the ledger agrees (docs/concepts.md#the-write-path, docs/concepts.md#cancel,
+the last rows of docs/decision-table.md).
 
 Approvals: the refund is a ``financial_write``, and a financial effect's compensation needs an
 approval whatever the compensation tool declares (``automatic=True`` and ``approval=False`` do not

@@ -1,6 +1,7 @@
 """A ``local_transaction`` tool writes into the ledger's own database, in the transaction that holds its
 step checkpoint: a crash between the tool's write and the checkpoint leaves neither, an exception
-rolls both back, and the tool cannot commit on its own (DESIGN §3, §6).
+rolls both back, and the tool cannot commit on its own (docs/concepts.md#the-write-path and
+docs/concepts.md#what-a-tool-tells-the-runtime).
 
 The crash test kills a real worker process and then reads the ledger file with ``sqlite3`` itself,
 not through the runtime: the file is the truth of what survived.

@@ -1,5 +1,6 @@
 """Random fault schedules: provider faults plus at most one SIGKILL per worker process, over several
-runs of the customer case; whatever happens, the ledger and the providers agree (DESIGN §3, §4, §9).
+runs of the customer case; whatever happens, the ledger and the providers agree
+(docs/concepts.md#the-write-path, docs/decision-table.md, docs/concepts.md#the-promises).
 """
 
 from __future__ import annotations
@@ -127,7 +128,7 @@ def _drive(world: World, schedule: Schedule) -> list[str]:
 
 
 def _check(world: World, run_ids: list[str]) -> None:
-    """Assert the invariants of DESIGN §9 across every run of one schedule."""
+    """Assert the promises of docs/concepts.md#the-promises across every run of one schedule."""
     keys: dict[str, set[str | None]] = {"mail": set(), "crm": set(), "notify": set()}
     with world.ledger() as rt:
         assert rt.verify_audit() == []

@@ -1,5 +1,6 @@
 """A real worker process is SIGKILLed at each window of the write path, for each kind of tool; a fresh
-process recovers; the providers' own files are the truth the ledger must agree with (DESIGN §3, §4).
+process recovers; the providers' own files are the truth the ledger must agree with
+(docs/concepts.md#the-write-path, docs/decision-table.md).
 """
 
 from __future__ import annotations

@@ -521,8 +521,8 @@ def test_a_late_commit_after_a_not_committed_resolution_is_not_lost(
     committed=False (she looked and saw nothing yet). Then the call commits and its late answer
     comes back: a fact contradicting her decision.
 
-    Expected (DESIGN §9, no effect out of sight; never two effects): the contradicted effect is
-    listed by rt.attention() (or confirmed), and rt.resume does not post a second time.
+    Expected (docs/concepts.md#no-effect-out-of-sight; never two effects): the contradicted
+    effect is listed by rt.attention() (or confirmed), and rt.resume does not post a second time.
     """
     from effectflow.runtime import settle
 

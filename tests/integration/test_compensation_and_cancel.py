@@ -1,4 +1,5 @@
-"""Approvals, compensation and cancel end to end (DESIGN §4 last rows, §5), against real providers.
+"""Approvals, compensation and cancel end to end (docs/concepts.md#cancel; the last rows of
+docs/decision-table.md), against real providers.
 
 The providers keep their state in their own SQLite files: they are the truth of what happened in the
 world; the ledger is what the runtime knows. Each test reads both.
@@ -492,7 +493,7 @@ def test_an_operator_can_compensate_a_succeeded_run(rt: ef.Runtime, w: World) ->
         rt.compensate("r1", reason="")
 
 
-# -- cancel (DESIGN §5), in every step state -------------------------------------------------------
+# -- cancel (docs/concepts.md#cancel), in every step state ----------------------------------------
 
 
 def test_cancel_while_a_step_is_pending_stops_it(rt: ef.Runtime, w: World) -> None:

@@ -1,4 +1,5 @@
-"""People's decisions are compare-and-swap (DESIGN §9), on real threads against a real ledger.
+"""People's decisions are compare-and-swap, on real threads against a real ledger
+(docs/concepts.md#peoples-decisions-are-compare-and-swap).
 
 Two (or three) ``Runtime`` instances on one ledger decide on the same effect, step or run at the
 same moment (a ``Barrier`` releases them together): of contradicting decisions exactly one is

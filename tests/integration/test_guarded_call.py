@@ -176,10 +176,10 @@ def test_concurrent_replays_of_one_call_from_two_processes_make_one_effect(
 
 
 def test_a_repeat_the_hosts_conversation_still_shows_is_a_new_request(any_ledger: str) -> None:
-    """DESIGN §10: a match whose original call id is still in the host's conversation
-    (``known_call_ids``) is the model asking again knowingly: a new request. A match whose
-    original is gone from it was regenerated after a lost turn: deduplicated. Replays of either
-    stay what they were."""
+    """A match whose original call id is still in the host's conversation (``known_call_ids``) is
+    the model asking again knowingly: a new request. A match whose original is gone from it was
+    regenerated after a lost turn: deduplicated (docs/concepts.md#regenerated-calls). Replays of
+    either stay what they were."""
     with ef.Runtime(any_ledger) as rt:
         rt.guard(app.send, SEND, scope="t", call_id="call_1")
         again = rt.guard(app.send, SEND, scope="t", call_id="call_2", known_call_ids={"call_1"})

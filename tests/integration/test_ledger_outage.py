@@ -1,7 +1,8 @@
-"""DESIGN §9, "no effect out of sight": the ledger goes away right after the provider committed,
-before the outcome is recorded. The outcome write is retried on a fresh connection; if the ledger
-stays away, nothing is recorded as failed and the run is left for recovery, which settles the step
-by the decision table. Checked against the provider's own record: one post, confirmed.
+"""No effect out of sight (docs/concepts.md#no-effect-out-of-sight): the ledger goes away right
+after the provider committed, before the outcome is recorded. The outcome write is retried on a
+fresh connection; if the ledger stays away, nothing is recorded as failed and the run is left for
+recovery, which settles the step by the decision table. Checked against the provider's own record:
+one post, confirmed.
 
 Outages are real: PostgreSQL restarted (fast and immediate mode) or its connections terminated,
 a SQLite file locked past its busy timeout, a SQLite ledger on a full tmpfs.

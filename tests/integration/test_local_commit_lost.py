@@ -1,5 +1,5 @@
-"""A ``local_transaction`` step on PostgreSQL whose COMMIT reply is lost (DESIGN §3, §4 row
-"transaction not yet committed").
+"""A ``local_transaction`` step on PostgreSQL whose COMMIT reply is lost
+(docs/concepts.md#the-write-path; the row ``local_rollback`` of docs/decision-table.md).
 
 A TCP proxy between the runtime and the server (written here, on threads) forwards the wire protocol
 untouched until it is told to break one connection at its COMMIT: either forward the COMMIT and drop

@@ -1,5 +1,5 @@
 """Misuse is refused before anything is recorded, with an error that says what to write instead,
-and never leaves a run hanging under a live lease (DESIGN §9, "bad input ... changes nothing")."""
+and never leaves a run hanging under a live lease (docs/concepts.md#bad-input-changes-nothing)."""
 
 from __future__ import annotations
 

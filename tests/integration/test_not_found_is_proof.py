@@ -1,5 +1,6 @@
-"""DESIGN §3.1: a lookup that finds nothing proves "not committed" only once the call can no longer
-land. The runtime's timeout is when it stops waiting, never when the provider stops committing.
+"""A lookup that finds nothing proves "not committed" only once the call can no longer land
+(docs/decision-table.md#when-not-found-is-proof). The runtime's timeout is when it stops waiting,
+never when the provider stops committing.
 
 Each test runs a real HTTP provider that commits ``latency`` seconds after a request arrives, and
 checks the provider's own records: never two posts for one logical operation, and the post it holds

@@ -1,5 +1,5 @@
-"""DESIGN §9, "no effect out of sight": whatever happens after a call committed, the effect is
-confirmed or listed for a person — never dropped with a failed run.
+"""No effect out of sight (docs/concepts.md#no-effect-out-of-sight): whatever happens after a call
+committed, the effect is confirmed or listed for a person — never dropped with a failed run.
 
 - a result that cannot be recorded (no JSON form, nested 100k deep, 20 MB, a NUL);
 - workflow code that changed between a SIGKILL and the recovery (an argument changed, the step

@@ -1,8 +1,9 @@
-"""DESIGN §3: a retry's attempt is durable before its call, "like an intent". A process that dies
-between that call and its outcome's record leaves the call in doubt, whatever the step's status
-said before (here: ``not_committed``, from the first call's definite refusal). The runtime that
-takes the run over must look the call up before it sends the write again; a blind re-send
-duplicates a write that is not idempotent, and leaves the first effect out of the ledger's sight.
+"""The write path (docs/concepts.md#the-write-path): a retry's attempt is durable before its call,
+"like an intent". A process that dies between that call and its outcome's record leaves the call in
+doubt, whatever the step's status said before (here: ``not_committed``, from the first call's
+definite refusal). The runtime that takes the run over must look the call up before it sends the
+write again; a blind re-send duplicates a write that is not idempotent, and leaves the first effect
+out of the ledger's sight.
 
 Found by ``tests/workers/test_chaos.py`` (a worker SIGKILLed during a retried ``wk_notify``).
 """

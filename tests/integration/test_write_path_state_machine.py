@@ -1,4 +1,5 @@
-"""The write path's promise (DESIGN §3, §3.1, §9), as a state machine checked against the provider's
+"""The write path's promise (docs/concepts.md#the-write-path, docs/concepts.md#the-promises,
+docs/decision-table.md#when-not-found-is-proof), as a state machine checked against the provider's
 own records, never the ledger's opinion of itself.
 
 Hypothesis drives random sequences of: runs of 1-3 write steps (bounded and unbounded

@@ -217,7 +217,7 @@ def test_resume_in_a_process_without_the_workflow_names_it(tmp_path: Path) -> No
             rt.resume(run.run_id)
 
 
-# -- when "not found" is proof (DESIGN §3.1) ------------------------------------------------------
+# -- when "not found" is proof (docs/decision-table.md#when-not-found-is-proof) -------------------
 
 
 @ef.tool("proof_lookup", effect="read", register=False)

@@ -1,6 +1,7 @@
-"""Every row of the decision table (DESIGN §4) and every rule of cancel (DESIGN §5) names the tests
-that prove it end to end, reading the ledger and the provider. This test keeps that index honest:
-a new row without a proof, or a proof that was renamed away, fails here.
+"""Every row of the decision table (docs/decision-table.md) and every rule of cancel
+(docs/concepts.md#cancel) names the tests that prove it end to end, reading the ledger and the
+provider. This test keeps that index honest: a new row without a proof, or a proof that was renamed
+away, fails here.
 """
 
 from __future__ import annotations
@@ -87,7 +88,7 @@ ROW_PROOFS: dict[str, list[str]] = {
     ],
 }
 
-#: DESIGN §5, rule by rule -> the tests that prove it.
+#: docs/concepts.md#cancel, rule by rule -> the tests that prove it.
 CANCEL_PROOFS: dict[str, list[str]] = {
     "stop steps not started": [
         f"{STOP}::test_cancel_while_a_step_is_pending_stops_it",

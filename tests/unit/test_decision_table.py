@@ -1,4 +1,4 @@
-"""The decision table of DESIGN §4, row by row, and its totality."""
+"""The decision table (docs/decision-table.md), row by row, and its totality."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ ST = StepStatus
 NA = NextAction
 WRITE = EffectClass.EXTERNAL_WRITE
 
-# (row, situation, facts, action, status, next_action): one per row of DESIGN §4.
+# (row, situation, facts, action, status, next_action): one per row of docs/decision-table.md.
 ROWS = [
     ("confirmed", S.CONFIRMED, Facts(WRITE), A.USE_RECORDED, ST.CONFIRMED, NA.USE_RESULT),
     ("not_started", S.NOT_STARTED, Facts(WRITE), A.EXECUTE, ST.PENDING, NA.EXECUTE),
@@ -174,7 +174,7 @@ def test_row(
     status: StepStatus,
     next_action: NextAction,
 ) -> None:
-    """Each row of DESIGN §4 yields its action, step status, next action and row id."""
+    """Each row of docs/decision-table.md yields its action, step status, next action and row id."""
     decided = decide(situation, facts)
     assert (decided.action, decided.status, decided.next_action, decided.row) == (
         action,
@@ -270,7 +270,8 @@ def test_decide_is_total_and_every_row_is_tested() -> None:
 
 
 def test_in_doubt_write_is_never_rerun_without_key_or_lookup() -> None:
-    """DESIGN §9: a write that may have committed is re-run only with a key the provider honours."""
+    """A write that may have committed is re-run only with a key the provider honours
+    (docs/concepts.md#never-twice-never-by-guess)."""
     for facts in FACTS_SAMPLE:
         if not facts.effect.writes or facts.commit is CommitSemantics.LOCAL_TRANSACTION:
             continue
@@ -281,7 +282,7 @@ def test_in_doubt_write_is_never_rerun_without_key_or_lookup() -> None:
 
 
 def test_failures_never_compensate() -> None:
-    """Rejections, spent budgets and technical failures never choose compensation (DESIGN §4)."""
+    """Rejections, spent budgets and technical failures never choose compensation."""
     for situation in (S.REJECTED, S.NOT_COMMITTED, S.TECHNICAL_FAILURE, S.IN_DOUBT):
         for facts in FACTS_SAMPLE:
             assert decide(situation, facts).action is not A.COMPENSATE

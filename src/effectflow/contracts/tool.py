@@ -211,9 +211,10 @@ class ToolContract:
     durable: bool = False
     #: How long after a call starts the provider may still commit it (ISO 8601 or seconds): the
     #: provider's documented bound, e.g. an API that drops requests older than 30 s. Past it, a
-    #: lookup that finds nothing proves "not committed" (DESIGN §3.1). ``"unbounded"`` declares
-    #: that no bound is known: a lookup can then confirm an effect but never disprove one, and a
-    #: person decides. None = not declared.
+    #: lookup that finds nothing proves "not committed"
+    #: (docs/decision-table.md#when-not-found-is-proof). ``"unbounded"`` declares that no bound is
+    #: known: a lookup can then confirm an effect but never disprove one, and a person decides.
+    #: None = not declared.
     settles_within: str | float | None = None
     #: For guarded calls (``rt.guard``): every host call id is a new request, even with the same
     #: arguments in the same scope. Off by default: a call regenerated with a new id after the
@@ -316,10 +317,10 @@ class Tool(Generic[P, R]):
 
     def _check_not_found_can_be_proof(self) -> None:
         """A write that may not be repeated, confirmed by a lookup, must say when "not found" is
-        proof (DESIGN §3.1); otherwise every lost response would either be re-sent while the first
-        call may still land (a duplicate) or go to a person. Refused here, at declaration, rather
-        than discovered after a duplicate: the error names both fixes, and ``"unbounded"`` is the
-        explicit opt-in for providers that give no bound.
+        proof (docs/decision-table.md#when-not-found-is-proof); otherwise every lost response would
+        either be re-sent while the first call may still land (a duplicate) or go to a person.
+        Refused here, at declaration, rather than discovered after a duplicate: the error names both
+        fixes, and ``"unbounded"`` is the explicit opt-in for providers that give no bound.
         """
         c = self.contract
         repeatable = c.idempotency.supported or c.effect is EffectClass.IDEMPOTENT_WRITE
@@ -420,7 +421,7 @@ def tool(
     each_call_new: bool = False,
     register: bool = True,
 ) -> Callable[[Callable[P, R]], Tool[P, R]]:
-    """Declare a tool and its side-effect contract (DESIGN §6).
+    """Declare a tool and its side-effect contract (docs/concepts.md#what-a-tool-tells-the-runtime).
 
     Raises:
         errors.ContractError: at decoration time, for an unknown effect class or a contradiction.

@@ -1,4 +1,4 @@
-"""The decision table of DESIGN §4: data, plus one pure function.
+"""The decision table (docs/decision-table.md): data, plus one pure function.
 
 The write path, recovery, reconciliation and cancel all ask ``decide(situation, facts)`` what to do;
 none of them decides on its own. Each answer names the table row it came from, which the audit log
@@ -99,8 +99,9 @@ class Facts:
     trigger_matches: bool = False
     #: The completion deadline has passed.
     deadline_passed: bool = False
-    #: The last lookup found nothing, but the call may still land (DESIGN §3.1: no enforced
-    #: deadline passed and no declared ``settles_within``): "not found" was no proof.
+    #: The last lookup found nothing, but the call may still land (no enforced deadline passed and
+    #: no declared ``settles_within``): "not found" was no proof
+    #: (docs/decision-table.md#when-not-found-is-proof).
     may_still_land: bool = False
 
 
@@ -127,7 +128,7 @@ def _d(
 
 
 def decide(situation: Situation, facts: Facts) -> Decision:
-    """The action for ``situation`` under ``facts`` (DESIGN §4, one row per branch)."""
+    """The action for ``situation`` under ``facts`` (docs/decision-table.md, one row per branch)."""
     if situation is Situation.CONFIRMED:
         return _d(
             Action.USE_RECORDED,
@@ -302,8 +303,9 @@ def _ask(row: str, reason: str) -> Decision:
     return _d(Action.ASK_A_PERSON, StepStatus.NEEDS_ATTENTION, NextAction.ASK_A_PERSON, row, reason)
 
 
-#: One representative input per row of the table, in DESIGN §4's order: the docs and the tests are
-#: generated from it, so the printed table is the function's actual behaviour.
+#: One representative input per row of the table, in the order docs/decision-table.md prints them:
+#: the docs and the tests are generated from it, so the printed table is the function's actual
+#: behaviour.
 EXAMPLES: tuple[tuple[str, Situation, Facts], ...] = (
     ("step already confirmed", Situation.CONFIRMED, Facts(EffectClass.EXTERNAL_WRITE)),
     (
