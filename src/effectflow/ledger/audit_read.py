@@ -1,0 +1,272 @@
+"""What ``audit.verify`` reads, a chunk of runs at a time: the same ``audit.Material`` per run as
+``audit.materials``, in a number of statements that grows with the chunks, not the runs.
+
+``audit.materials`` reads each run through the store's own readers: eight statements a run and one
+more per effect (a PostgreSQL round trip each). This reads the ``runs`` rows a chunk at a time in
+run id order (``run_id > `` the last of the previous chunk, through the primary key), each row
+giving both the chains' heads and the run record; then each other table once for the chunk —
+``run_id BETWEEN first AND last``, which the run id indexes answer — and groups the rows by run.
+Rows become records through the backend's own row mappers, in the order its readers give them, so
+each ``Material`` equals, field by field, the one ``audit.materials`` builds
+(tests/conformance/test_audit_read.py). A store of neither backend is read run by run.
+
+Two tables have no index that finds a chunk's rows: ``operations`` (keyed by tenant and logical
+operation, read by run) and ``decisions`` (keyed by tenant and decision id, read through the
+chunk's effects). Each chunk reads all of both, one statement each, so their share of the time
+grows with runs × chunks — where ``audit.materials`` reads all of ``operations`` once per run and
+all of ``decisions`` once per effect. An index on ``operations (run_id)`` and one on
+``decisions (effect_id)`` would end it (tests/conformance/test_audit_read.py expects the scans, and
+fails once they are gone).
+
+Like ``audit.materials``, each statement sees the ledger as it is when it runs: on a ledger being
+written, a run written to between two statements can read as if its rows and heads disagreed.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import functools
+import json
+import sqlite3
+import sys
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any, Protocol, cast
+
+from effectflow import errors
+from effectflow.ledger import audit, records
+from effectflow.ledger import store as store_mod
+
+#: A row as ``audit_rows`` returns it: column name -> value.
+Row = dict[str, Any]
+#: How a backend turns a row of one table into its record.
+Mapper = Callable[[Row], Any]
+
+
+class RowReader(Protocol):
+    """What this module needs of a store: read-only queries with ``?`` placeholders."""
+
+    def audit_rows(self, sql: str, params: Sequence[Any]) -> list[dict[str, Any]]:
+        """The rows of a read-only query."""
+        ...
+
+
+@dataclasses.dataclass(frozen=True)
+class Dialect:
+    """A backend's row mappers and the order its readers return each table's rows in."""
+
+    #: ``runs`` row -> ``records.RunRecord``.
+    run: Mapper
+    #: ``steps`` row -> ``records.StepRecord``.
+    step: Mapper
+    #: ``effects`` row -> ``records.EffectRecord``.
+    effect: Mapper
+    #: ``attempts`` row -> ``records.AttemptRecord``.
+    attempt: Mapper
+    #: ``approvals`` row -> ``records.ApprovalRecord``.
+    approval: Mapper
+    #: ``audit`` row -> ``records.AuditEvent``.
+    event: Mapper
+    #: Per table, the ``ORDER BY`` its reader uses for one run (after ``run_id`` here).
+    order: Mapping[str, str]
+
+
+@functools.cache
+def sqlite_dialect() -> Dialect:
+    """SQLite's mappers (they read a row by column name: a dict serves as a ``sqlite3.Row``)."""
+    from effectflow.ledger import sqlite
+
+    def event(row: Row) -> Any:
+        return sqlite._from_row(records.AuditEvent, sqlite._AUDIT_FIELDS, cast(sqlite3.Row, row))
+
+    return Dialect(
+        run=cast(Mapper, sqlite._run),
+        step=cast(Mapper, sqlite._step),
+        effect=cast(Mapper, sqlite._effect),
+        attempt=cast(Mapper, sqlite._attempt),
+        approval=lambda row: records.ApprovalRecord(**row),
+        event=event,
+        order={
+            "steps": "seq",
+            "effects": "created_at",
+            "attempts": "started_at, number",
+            "approvals": "approved_at",
+        },
+    )
+
+
+@functools.cache
+def postgres_dialect() -> Dialect:
+    """PostgreSQL's mappers (its tables also hold ``insert_seq``, the tie-breaker of its orders)."""
+    from effectflow.ledger import postgres
+
+    def approval(row: Row) -> Any:
+        return postgres._from_row(records.ApprovalRecord, postgres._APPROVAL_FIELDS, row)
+
+    return Dialect(
+        run=postgres._run,
+        step=postgres._step,
+        effect=postgres._effect,
+        attempt=postgres._attempt,
+        approval=approval,
+        event=postgres._event,
+        order={
+            "steps": "seq",
+            "effects": "created_at, insert_seq",
+            "attempts": "started_at, number, insert_seq",
+            "approvals": "approved_at, insert_seq",
+        },
+    )
+
+
+def dialect_of(store: object) -> Dialect | None:
+    """The dialect of a store of either backend, or None (another store: read run by run)."""
+    from effectflow.ledger import sqlite
+
+    if isinstance(store, sqlite.SQLiteStore):
+        return sqlite_dialect()
+    # Not imported: the store cannot be a PostgreSQL one (and psycopg need not be installed).
+    postgres = sys.modules.get("effectflow.ledger.postgres")
+    if postgres is not None and isinstance(store, postgres.PostgresStore):
+        return postgres_dialect()
+    return None
+
+
+def materials_batched(
+    store: RowReader, run_id: str | None = None, *, chunk: int = 500
+) -> Iterator[tuple[str, audit.Material]]:
+    """Every run's material (or one run's), by run id in run id order, ``chunk`` runs at a time:
+    what ``audit.materials`` returns, holding one chunk in memory.
+
+    Raises:
+        errors.ArgumentError: ``chunk`` is not a positive integer (raised here, not when the
+            iterator is first read).
+    """
+    if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
+        raise errors.ArgumentError(f"chunk must be a positive integer, not {chunk!r}")
+    return _materials(store, run_id, chunk, dialect_of(store))
+
+
+def _materials(
+    store: RowReader, run_id: str | None, chunk: int, dialect: Dialect | None
+) -> Iterator[tuple[str, audit.Material]]:
+    for heads in _run_chunks(store, run_id, chunk):
+        if dialect is None:
+            for head in heads:
+                yield str(head["run_id"]), audit._material(store, head)
+        else:
+            yield from _chunk_materials(store, dialect, heads)
+
+
+def _run_chunks(store: RowReader, run_id: str | None, chunk: int) -> Iterator[list[Row]]:
+    """The ``runs`` rows, ``chunk`` at a time in run id order (through the primary key)."""
+    if run_id is not None:
+        found = store.audit_rows("SELECT * FROM runs WHERE run_id = ?", (run_id,))
+        if found:
+            yield found
+        return
+    after: str | None = None
+    while True:
+        rows = (
+            store.audit_rows("SELECT * FROM runs ORDER BY run_id LIMIT ?", (chunk,))
+            if after is None
+            else store.audit_rows(
+                "SELECT * FROM runs WHERE run_id > ? ORDER BY run_id LIMIT ?", (after, chunk)
+            )
+        )
+        if rows:
+            yield rows
+        if len(rows) < chunk:
+            return
+        after = str(rows[-1]["run_id"])
+
+
+def chunk_statements(dialect: Dialect) -> dict[str, str]:
+    """Per table, the one statement that reads a chunk's rows (parameters: first and last run id).
+
+    Each orders its rows as the backend's reader of one run does, after the run id (the seals and
+    the event chain are in chain order; the other tables fill a dict, where order only decides
+    which of two rows with one key is kept, as it does in ``audit.materials``)."""
+    within = "WHERE run_id BETWEEN ? AND ? ORDER BY run_id"
+    return {
+        **{
+            table: f"SELECT * FROM {table} {within}, {order}"
+            for table, order in dialect.order.items()
+        },
+        # No order: ``audit.materials`` reads a run's bindings in no order either (no index).
+        "operations": "SELECT * FROM operations WHERE run_id BETWEEN ? AND ?",
+        # A decision is the run's when its effect is: read through the effects of the chunk.
+        "decisions": (
+            "SELECT e.run_id AS effect_run_id, d.* FROM decisions d "
+            "JOIN effects e ON e.effect_id = d.effect_id "
+            "WHERE e.run_id BETWEEN ? AND ? ORDER BY e.run_id, "
+            + ", ".join(f"e.{column}" for column in dialect.order["effects"].split(", "))
+        ),
+        "seals": f"SELECT * FROM seals {within}, n",
+        "audit": f"SELECT * FROM audit {within}, seq",
+    }
+
+
+def _chunk_materials(
+    store: RowReader, dialect: Dialect, heads: list[Row]
+) -> Iterator[tuple[str, audit.Material]]:
+    """The materials of one chunk of runs (``heads``: their ``runs`` rows, in run id order)."""
+    first, last = str(heads[0]["run_id"]), str(heads[-1]["run_id"])
+    found: dict[str, collections.defaultdict[str, list[Row]]] = {}
+    for table, sql in chunk_statements(dialect).items():
+        column = "effect_run_id" if table == "decisions" else "run_id"
+        # Rows of run ids between the chunk's that have no run (orphans) are grouped and never
+        # read: ``audit.verify`` reports them on its own.
+        by_run: collections.defaultdict[str, list[Row]] = collections.defaultdict(list)
+        for row in store.audit_rows(sql, (first, last)):
+            by_run[str(row[column])].append(row)
+        found[table] = by_run
+    for head in heads:
+        rid = str(head["run_id"])
+        yield rid, _material(dialect, head, {table: by[rid] for table, by in found.items()})
+
+
+def _material(dialect: Dialect, head: Row, tables: Mapping[str, list[Row]]) -> audit.Material:
+    """One run's material from its rows, built as ``audit._material`` builds it."""
+    rid = str(head["run_id"])
+    run = dialect.run(head)
+    rows: dict[str, Any] = {f"runs:{rid}": run, f"runs_fixed:{rid}": run}
+    for table, mapper in (
+        ("steps", dialect.step),
+        ("effects", dialect.effect),
+        ("attempts", dialect.attempt),
+        ("approvals", dialect.approval),
+    ):
+        for row in tables[table]:
+            record = mapper(row)
+            rows[audit.row_key(table, record)] = record
+    for row in tables["operations"]:
+        op = _record(store_mod.OperationBinding, row)
+        rows[audit.row_key("operations", op)] = op
+    for row in tables["decisions"]:
+        decision = _record(store_mod.DecisionRecord, row)
+        rows[audit.row_key("decisions", decision)] = decision
+    seals = []
+    for row in tables["seals"]:
+        seal = dict(row)
+        seal["rows"] = json.loads(seal["rows_json"])
+        seals.append(seal)
+    # A binding past its retention may have been purged (``purge_expired_keys``): not a deletion.
+    purgeable = {name for seal in seals for name in seal["rows"] if name.startswith("operations:")}
+    purgeable -= set(rows)
+    return audit.Material(
+        run=run,
+        audit_head=str(head["audit_head"]),
+        audit_count=int(head["audit_count"]),
+        seal_head=head["seal_head"],
+        seal_count=int(head["seal_count"] or 0),
+        events=[dialect.event(row) for row in tables["audit"]],
+        seals=seals,
+        rows=rows,
+        purgeable=purgeable,
+    )
+
+
+def _record(cls: type[Any], row: Row) -> Any:
+    """A record whose fields are its table's columns (``audit._material``'s way)."""
+    return cls(**{f.name: row[f.name] for f in dataclasses.fields(cls)})
