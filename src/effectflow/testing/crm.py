@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from typing import Any, ClassVar
 
-from effectflow.testing import _base
+from effectflow.testing import _base, http_api
 
 _SCHEMA = (
     """CREATE TABLE IF NOT EXISTS crm_tasks (
@@ -149,3 +149,25 @@ def _upsert_response(row: tuple[Any, ...], *, replayed: bool) -> dict[str, Any]:
     del task["idempotency_key"]
     task["replayed"] = replayed
     return task
+
+
+class CrmApi(http_api.Table):
+    """The CRM API over HTTP (``effectflow.testing.service`` routes, ``HttpCrm`` methods)."""
+
+    KIND = CrmProvider.KIND
+    upsert_task = http_api.post(
+        "/crm/upsert_task",
+        CrmProvider.upsert_task,
+        body={"case_id": http_api.TEXT, "title": http_api.TEXT, "owner": http_api.OPTIONAL_TEXT},
+        headers={"idempotency_key": "Idempotency-Key"},
+        key="idempotency_key",
+    )
+    get_task = http_api.get(
+        "/crm/task",
+        CrmProvider.get_task,
+        query=("idempotency_key", "task_id"),
+        answer=http_api.Answer.FOUND,
+    )
+    tasks = http_api.get(
+        "/crm/tasks", CrmProvider.tasks, query=("case_id",), answer=http_api.Answer.LIST
+    )

@@ -34,7 +34,7 @@ import time
 from collections.abc import Callable
 from typing import Any, ClassVar, Literal
 
-from effectflow.testing import _base
+from effectflow.testing import _base, http_api
 
 Writer = Literal["us", "other"]
 """Who made a deployment: the code under test (``us``) or :meth:`DeployTarget.concurrent_deploy`."""
@@ -377,3 +377,48 @@ def _deployment(row: tuple[Any, ...]) -> dict[str, Any]:
         "idempotency_key": key,
         "deployed_at": _base.iso(float(deployed_ts)),
     }
+
+
+class DeployApi(http_api.Table):
+    """The deploy API over HTTP (``effectflow.testing.service`` routes, ``HttpDeploy`` methods).
+
+    A target may contain slashes (``deployment/prod``), so the routes with a suffix come before
+    ``GET /deploy/{target}``, and a target whose last segment is ``history`` or ``overwrites``
+    cannot be observed over HTTP.
+    """
+
+    KIND = DeployTarget.KIND
+    get_deployment_by_idempotency_key = http_api.get(
+        "/deploy",
+        DeployTarget.get_deployment_by_idempotency_key,
+        query=("idempotency_key",),
+        answer=http_api.Answer.ZERO_OR_ONE,
+    )
+    deploy = http_api.post(
+        "/deploy/{target:path}/deploy",
+        DeployTarget.deploy,
+        body={"image": http_api.TEXT, "expected_revision": http_api.OPTIONAL_INT},
+        headers={"if_match": "If-Match", "idempotency_key": "Idempotency-Key"},
+        key="idempotency_key",
+    )
+    seed = http_api.post(
+        "/deploy/{target:path}/seed",
+        DeployTarget.seed,
+        body={"image": http_api.OPTIONAL_TEXT, "revision": http_api.OPTIONAL_INT},
+        answer=http_api.Answer.NONE,
+    )
+    concurrent_deploy = http_api.post(
+        "/deploy/{target:path}/concurrent_deploy",
+        DeployTarget.concurrent_deploy,
+        body={"image": http_api.TEXT},
+    )
+    history = http_api.get(
+        "/deploy/{target:path}/history", DeployTarget.history, answer=http_api.Answer.LIST
+    )
+    overwrites = http_api.get(
+        "/deploy/{target:path}/overwrites", DeployTarget.overwrites, answer=http_api.Answer.COUNT
+    )
+    #: The target's state, with its ETag in the ``ETag`` header too.
+    observe = http_api.get(
+        "/deploy/{target:path}", DeployTarget.observe, answer=http_api.Answer.TAGGED
+    )

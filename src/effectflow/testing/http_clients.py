@@ -25,7 +25,6 @@ import uuid
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar, Self
-from urllib.parse import quote
 
 try:
     import httpx
@@ -36,8 +35,8 @@ except ModuleNotFoundError as exc:  # pragma: no cover - depends on the installe
         name=exc.name,
     ) from exc
 
-from effectflow.testing import _base
-from effectflow.testing.deploy import INITIAL_REVISION, RevisionConflict
+from effectflow.testing import _base, crm, deploy, http_api, mail, notify, payments
+from effectflow.testing.deploy import RevisionConflict
 
 #: Seconds an HTTP client waits to connect, send, or read an answer.
 DEFAULT_TIMEOUT_S = 5.0
@@ -46,14 +45,18 @@ DEFAULT_TIMEOUT_S = 5.0
 class _HttpProvider:
     """One provider behind the service: an httpx client plus the shared admin operations.
 
+    Each subclass adds its provider's table (``HttpMail(_HttpProvider, mail.MailApi)``), whose
+    entries, read on the client, are the provider's operations sent through
+    :meth:`call_endpoint`.
+
     Args:
         url: The service's base URL, as ``effectflow testing serve-providers`` prints it.
         timeout: Seconds (or an :class:`httpx.Timeout`) before a call gives up. A read timeout
             raises :class:`ProviderTimeout`; keep it below the service's ``--hang``.
     """
 
-    #: The provider's name in the service's paths and admin calls.
-    KIND: ClassVar[str] = ""
+    #: The provider's name in the service's paths and admin calls (from its table).
+    KIND: ClassVar[str]
 
     def __init__(self, url: str, *, timeout: float | httpx.Timeout = DEFAULT_TIMEOUT_S) -> None:
         self.url = url.rstrip("/")
@@ -62,6 +65,23 @@ class _HttpProvider:
         self._client = httpx.Client(base_url=self.url, timeout=timeout, trust_env=False)
 
     # -- the call path ---------------------------------------------------------------------------
+
+    def call_endpoint(
+        self, endpoint: http_api.Endpoint[..., Any], request: http_api.Request
+    ) -> Any:
+        """Send one operation's request; its answer as the table says, or the provider's
+        exception (see the module docstring)."""
+        if request.verb == "POST":
+            answer = self._write(
+                request.path,
+                operation=endpoint.operation,
+                key=request.key,
+                json=request.json or {},
+                headers=request.headers,
+            )
+        else:
+            answer = self._read(request.path, operation=endpoint.operation, params=request.params)
+        return endpoint.answer.decode(endpoint.operation, answer)
 
     def _write(
         self,
@@ -156,249 +176,31 @@ class _HttpProvider:
         self.close()
 
 
-class HttpMail(_HttpProvider):
-    """:class:`~effectflow.testing.MailProvider` over HTTP."""
-
-    KIND: ClassVar[str] = "mail"
-
-    def send(
-        self,
-        to: str,
-        subject: str,
-        body: str,
-        *,
-        idempotency_key: str | None = None,
-        metadata: dict[str, str] | None = None,
-    ) -> dict[str, Any]:
-        """Accept a message for delivery (see ``MailProvider.send``)."""
-        payload = {"to": to, "subject": subject, "body": body, "metadata": metadata}
-        return dict(
-            self._write(
-                "/mail/send",
-                operation="send",
-                key=idempotency_key,
-                json=payload,
-                headers={"Idempotency-Key": idempotency_key},
-            )
-        )
-
-    def status(
-        self, *, idempotency_key: str | None = None, message_id: str | None = None
-    ) -> dict[str, Any] | None:
-        """Look a message up by key or id (see ``MailProvider.status``)."""
-        params = {"idempotency_key": idempotency_key, "message_id": message_id}
-        return _optional(self._read("/mail/status", operation="status", params=params))
-
-    def find(self, **metadata: str) -> list[dict[str, Any]]:
-        """Messages whose metadata contains every given pair (see ``MailProvider.find``)."""
-        return _data(self._read("/mail/find", operation="find", params=dict(metadata)))
-
-    def messages(self, *, to: str | None = None) -> list[dict[str, Any]]:
-        """Every message ever accepted, oldest first (see ``MailProvider.messages``)."""
-        return _data(self._read("/mail/messages", operation="messages", params={"to": to}))
+class HttpMail(_HttpProvider, mail.MailApi):
+    """:class:`~effectflow.testing.MailProvider` over HTTP (its operations: ``mail.MailApi``)."""
 
 
-class HttpCrm(_HttpProvider):
-    """:class:`~effectflow.testing.CrmProvider` over HTTP."""
-
-    KIND: ClassVar[str] = "crm"
-
-    def upsert_task(
-        self, case_id: str, title: str, *, idempotency_key: str, owner: str | None = None
-    ) -> dict[str, Any]:
-        """Create the task for the key, or return it (see ``CrmProvider.upsert_task``)."""
-        return dict(
-            self._write(
-                "/crm/upsert_task",
-                operation="upsert_task",
-                key=idempotency_key,
-                json={"case_id": case_id, "title": title, "owner": owner},
-                headers={"Idempotency-Key": idempotency_key},
-            )
-        )
-
-    def get_task(
-        self, *, idempotency_key: str | None = None, task_id: str | None = None
-    ) -> dict[str, Any] | None:
-        """Look a task up by key or id (see ``CrmProvider.get_task``)."""
-        params = {"idempotency_key": idempotency_key, "task_id": task_id}
-        return _optional(self._read("/crm/task", operation="get_task", params=params))
-
-    def tasks(self, *, case_id: str | None = None) -> list[dict[str, Any]]:
-        """Every task ever created, oldest first (see ``CrmProvider.tasks``)."""
-        return _data(self._read("/crm/tasks", operation="tasks", params={"case_id": case_id}))
+class HttpCrm(_HttpProvider, crm.CrmApi):
+    """:class:`~effectflow.testing.CrmProvider` over HTTP (its operations: ``crm.CrmApi``)."""
 
 
-class HttpNotify(_HttpProvider):
-    """:class:`~effectflow.testing.NotifyProvider` over HTTP."""
-
-    KIND: ClassVar[str] = "notify"
-
-    def post(self, channel: str, text: str, *, client_tag: str | None = None) -> dict[str, Any]:
-        """Post a message; every call posts a new one (see ``NotifyProvider.post``)."""
-        return dict(
-            self._write(
-                "/notify/post",
-                operation="post",
-                key=client_tag,
-                json={"channel": channel, "text": text, "client_tag": client_tag},
-            )
-        )
-
-    def search(self, *, client_tag: str) -> list[dict[str, Any]]:
-        """Every notification carrying ``client_tag``, oldest first."""
-        params = {"client_tag": client_tag}
-        return _data(self._read("/notify/search", operation="search", params=params))
-
-    def notifications(self, *, channel: str | None = None) -> list[dict[str, Any]]:
-        """Every notification ever posted, oldest first."""
-        params = {"channel": channel}
-        return _data(self._read("/notify/notifications", operation="notifications", params=params))
+class HttpNotify(_HttpProvider, notify.NotifyApi):
+    """:class:`~effectflow.testing.NotifyProvider` over HTTP (its operations:
+    ``notify.NotifyApi``)."""
 
 
-class HttpPayments(_HttpProvider):
-    """:class:`~effectflow.testing.PaymentsProvider` over HTTP."""
-
-    KIND: ClassVar[str] = "payments"
-
-    def create_refund(
-        self,
-        payment_id: str,
-        amount: int,
-        *,
-        idempotency_key: str,
-        metadata: dict[str, str] | None = None,
-    ) -> dict[str, Any]:
-        """Refund ``amount`` of a payment, once per remembered key (see ``create_refund``)."""
-        return dict(
-            self._write(
-                "/payments/refunds",
-                operation="create_refund",
-                key=idempotency_key,
-                json={"payment_id": payment_id, "amount": amount, "metadata": metadata},
-                headers={"Idempotency-Key": idempotency_key},
-            )
-        )
-
-    def cancel_refund(self, refund_id: str, *, idempotency_key: str) -> dict[str, Any]:
-        """Cancel a refund while its cancel window is open (see ``cancel_refund``)."""
-        return dict(
-            self._write(
-                f"/payments/refunds/{quote(refund_id, safe='')}/cancel",
-                operation="cancel_refund",
-                key=idempotency_key,
-                json={},
-                headers={"Idempotency-Key": idempotency_key},
-            )
-        )
-
-    def get_refund_by_idempotency_key(self, idempotency_key: str) -> dict[str, Any] | None:
-        """The refund created under the key while it is remembered, else None."""
-        found = _data(
-            self._read(
-                "/payments/refunds",
-                operation="get_refund_by_idempotency_key",
-                params={"idempotency_key": idempotency_key},
-            )
-        )
-        return found[0] if found else None
-
-    def get_refund(self, refund_id: str) -> dict[str, Any] | None:
-        """The refund with this id in its current state, or None."""
-        path = f"/payments/refunds/{quote(refund_id, safe='')}"
-        return _optional(self._read(path, operation="get_refund"))
-
-    def refunds(self, *, payment_id: str | None = None) -> list[dict[str, Any]]:
-        """Every refund ever created, oldest first, cancelled ones included."""
-        params = {"payment_id": payment_id}
-        return _data(self._read("/payments/refunds", operation="refunds", params=params))
+class HttpPayments(_HttpProvider, payments.PaymentsApi):
+    """:class:`~effectflow.testing.PaymentsProvider` over HTTP (its operations:
+    ``payments.PaymentsApi``)."""
 
     def count_refunds(self, payment_id: str | None = None, *, status: str | None = None) -> int:
-        """How many refunds were created (for one payment, in one status)."""
-        return sum(
-            1
-            for refund in self.refunds(payment_id=payment_id)
-            if status is None or refund["status"] == status
-        )
+        """How many refunds were created (for one payment, in one status), counted from
+        :meth:`refunds`."""
+        return payments.count_refunds(self.refunds(payment_id=payment_id), status=status)
 
 
-class HttpDeploy(_HttpProvider):
-    """:class:`~effectflow.testing.DeployTarget` over HTTP."""
-
-    KIND: ClassVar[str] = "deploy"
-
-    def seed(self, target: str, image: str | None, *, revision: int = INITIAL_REVISION) -> None:
-        """Give a fresh target its starting state (see ``DeployTarget.seed``).
-
-        Raises:
-            ValueError: The target already has state, or ``revision < 1``.
-        """
-        self._write(
-            f"{_target_path(target)}/seed",
-            operation="seed",
-            key=None,
-            json={"image": image, "revision": revision},
-        )
-
-    def observe(self, target: str) -> dict[str, Any]:
-        """Read a target: ``{"target", "revision", "image", "etag"}``."""
-        return dict(self._read(_target_path(target), operation="observe"))
-
-    def deploy(
-        self,
-        target: str,
-        image: str,
-        *,
-        expected_revision: int | None = None,
-        if_match: str | None = None,
-        idempotency_key: str | None = None,
-    ) -> dict[str, Any]:
-        """Deploy ``image`` under an optional precondition (see ``DeployTarget.deploy``)."""
-        return dict(
-            self._write(
-                f"{_target_path(target)}/deploy",
-                operation="deploy",
-                key=idempotency_key,
-                json={"image": image, "expected_revision": expected_revision},
-                headers={"Idempotency-Key": idempotency_key, "If-Match": if_match},
-            )
-        )
-
-    def concurrent_deploy(self, target: str, image: str) -> dict[str, Any]:
-        """Another team's pipeline deploys ``image`` blindly (see ``concurrent_deploy``)."""
-        return dict(
-            self._write(
-                f"{_target_path(target)}/concurrent_deploy",
-                operation="concurrent_deploy",
-                key=None,
-                json={"image": image},
-            )
-        )
-
-    def get_deployment_by_idempotency_key(self, idempotency_key: str) -> dict[str, Any] | None:
-        """The deployment made under the key, or None."""
-        found = _data(
-            self._read(
-                "/deploy",
-                operation="get_deployment_by_idempotency_key",
-                params={"idempotency_key": idempotency_key},
-            )
-        )
-        return found[0] if found else None
-
-    def history(self, target: str) -> list[dict[str, Any]]:
-        """Every deployment to ``target``, oldest first."""
-        return _data(self._read(f"{_target_path(target)}/history", operation="history"))
-
-    def overwrites(self, target: str) -> int:
-        """How many of our deployments destroyed a revision we had not seen."""
-        answer = self._read(f"{_target_path(target)}/overwrites", operation="overwrites")
-        return int(answer["overwrites"])
-
-
-def _target_path(target: str) -> str:
-    # Slashes stay: the service routes a target as a path (``deployment/prod``).
-    return f"/deploy/{quote(target, safe='/')}"
+class HttpDeploy(_HttpProvider, deploy.DeployApi):
+    """:class:`~effectflow.testing.DeployTarget` over HTTP (its operations: ``deploy.DeployApi``)."""
 
 
 # -- answers to results or exceptions ------------------------------------------------------------

@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable
 from typing import Any, ClassVar
 
-from effectflow.testing import _base
+from effectflow.testing import _base, http_api
 
 _SCHEMA = (
     """CREATE TABLE IF NOT EXISTS mail_messages (
@@ -178,7 +178,7 @@ class MailProvider(_base.SqliteProvider):
             ).fetchone()
         return None if row is None else self._message(row, now)
 
-    def find(self, **metadata: str) -> list[dict[str, Any]]:
+    def find(self, /, **metadata: str) -> list[dict[str, Any]]:
         """Messages whose metadata contains every given pair, oldest first.
 
         Real mail APIs let you search by custom metadata; a caller that tags each send with its
@@ -232,3 +232,34 @@ def _send_response(seq: int, accepted_ts: float, *, replayed: bool) -> dict[str,
         "accepted_at": _base.iso(accepted_ts),
         "replayed": replayed,
     }
+
+
+class MailApi(http_api.Table):
+    """The mail API over HTTP (``effectflow.testing.service`` routes, ``HttpMail`` methods)."""
+
+    KIND = MailProvider.KIND
+    send = http_api.post(
+        "/mail/send",
+        MailProvider.send,
+        body={
+            "to": http_api.TEXT,
+            "subject": http_api.TEXT,
+            "body": http_api.TEXT,
+            "metadata": http_api.TEXT_MAP,
+        },
+        headers={"idempotency_key": "Idempotency-Key"},
+        key="idempotency_key",
+    )
+    status = http_api.get(
+        "/mail/status",
+        MailProvider.status,
+        query=("idempotency_key", "message_id"),
+        answer=http_api.Answer.FOUND,
+    )
+    messages = http_api.get(
+        "/mail/messages", MailProvider.messages, query=("to",), answer=http_api.Answer.LIST
+    )
+    #: ``GET /mail/find?<metadata key>=<value>...``: every query parameter is a metadata pair.
+    find = http_api.get(
+        "/mail/find", MailProvider.find, query=("metadata",), answer=http_api.Answer.LIST
+    )

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from typing import Any, ClassVar
 
-from effectflow.testing import _base
+from effectflow.testing import _base, http_api
 
 _SCHEMA = (
     """CREATE TABLE IF NOT EXISTS notify_notifications (
@@ -107,3 +107,31 @@ def _notification(row: tuple[Any, ...]) -> dict[str, Any]:
         "client_tag": client_tag,
         "posted_at": _base.iso(float(posted_ts)),
     }
+
+
+class NotifyApi(http_api.Table):
+    """The chat API over HTTP (``effectflow.testing.service`` routes, ``HttpNotify`` methods)."""
+
+    KIND = NotifyProvider.KIND
+    post = http_api.post(
+        "/notify/post",
+        NotifyProvider.post,
+        body={
+            "channel": http_api.TEXT,
+            "text": http_api.TEXT,
+            "client_tag": http_api.OPTIONAL_TEXT,
+        },
+        key="client_tag",
+    )
+    search = http_api.get(
+        "/notify/search",
+        NotifyProvider.search,
+        query=("client_tag",),
+        answer=http_api.Answer.LIST,
+    )
+    notifications = http_api.get(
+        "/notify/notifications",
+        NotifyProvider.notifications,
+        query=("channel",),
+        answer=http_api.Answer.LIST,
+    )

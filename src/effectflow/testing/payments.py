@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable
 from typing import Any, ClassVar
 
-from effectflow.testing import _base
+from effectflow.testing import _base, http_api
 
 #: The most that can be refunded on one payment, counting refunds not cancelled.
 REFUNDABLE_PER_PAYMENT = 1_000_000
@@ -338,11 +338,13 @@ class PaymentsProvider(_base.SqliteProvider):
         Cancelled refunds count unless ``status="succeeded"`` is asked for, because a refund
         created twice and cancelled once is still a bug in the caller.
         """
-        return sum(
-            1
-            for refund in self.refunds(payment_id=payment_id)
-            if status is None or refund["status"] == status
-        )
+        return count_refunds(self.refunds(payment_id=payment_id), status=status)
+
+
+def count_refunds(refunds: list[dict[str, Any]], *, status: str | None = None) -> int:
+    """How many of ``refunds`` are in ``status`` (all of them for None): the count behind
+    :meth:`PaymentsProvider.count_refunds` and its HTTP client's."""
+    return sum(1 for refund in refunds if status is None or refund["status"] == status)
 
 
 def _require_key(idempotency_key: str) -> None:
@@ -366,3 +368,44 @@ def _refund(row: tuple[Any, ...]) -> dict[str, Any]:
     refund["idempotency_key"] = str(key)
     refund["metadata"] = dict(json.loads(metadata))
     return refund
+
+
+class PaymentsApi(http_api.Table):
+    """The refunds API over HTTP (``effectflow.testing.service`` routes, ``HttpPayments``
+    methods). ``GET /payments/refunds`` answers a lookup by key (zero or one refund) when it is
+    given ``idempotency_key``, else the list (of one payment's refunds, with ``payment_id``)."""
+
+    KIND = PaymentsProvider.KIND
+    create_refund = http_api.post(
+        "/payments/refunds",
+        PaymentsProvider.create_refund,
+        body={
+            "payment_id": http_api.TEXT,
+            "amount": http_api.AS_SENT,
+            "metadata": http_api.TEXT_MAP,
+        },
+        headers={"idempotency_key": "Idempotency-Key"},
+        key="idempotency_key",
+    )
+    get_refund_by_idempotency_key = http_api.get(
+        "/payments/refunds",
+        PaymentsProvider.get_refund_by_idempotency_key,
+        query=("idempotency_key",),
+        answer=http_api.Answer.ZERO_OR_ONE,
+        selected_by="idempotency_key",
+    )
+    refunds = http_api.get(
+        "/payments/refunds",
+        PaymentsProvider.refunds,
+        query=("payment_id",),
+        answer=http_api.Answer.LIST,
+    )
+    cancel_refund = http_api.post(
+        "/payments/refunds/{refund_id}/cancel",
+        PaymentsProvider.cancel_refund,
+        headers={"idempotency_key": "Idempotency-Key"},
+        key="idempotency_key",
+    )
+    get_refund = http_api.get(
+        "/payments/refunds/{refund_id}", PaymentsProvider.get_refund, answer=http_api.Answer.FOUND
+    )

@@ -9,37 +9,15 @@ Every provider operation is JSON over HTTP. Idempotency keys travel in the ``Ide
 header (IETF draft ``httpapi-idempotency-key-header``), preconditions in ``If-Match``; lists
 answer ``{"data": [...]}``; a lookup that finds nothing answers 404 ``not_found``.
 
-Endpoints (provider method in brackets)::
+Each provider's routes are made from its table (``MailApi`` in ``mail.py``, ``CrmApi``,
+``NotifyApi``, ``PaymentsApi``, ``DeployApi``; see :mod:`effectflow.testing.http_api`): one entry
+per operation, the provider method it calls and where each argument travels, from which the HTTP
+clients are made too. Beside them, the service's own endpoints::
 
-    POST /mail/send                                 [MailProvider.send]
-    GET  /mail/status?idempotency_key=|message_id=  [MailProvider.status]
-    GET  /mail/messages?to=                         [MailProvider.messages]
-    GET  /mail/find?<metadata key>=<value>...       [MailProvider.find]
-    POST /crm/upsert_task                           [CrmProvider.upsert_task]
-    GET  /crm/task?idempotency_key=|task_id=        [CrmProvider.get_task]
-    GET  /crm/tasks?case_id=                        [CrmProvider.tasks]
-    POST /notify/post                               [NotifyProvider.post]
-    GET  /notify/search?client_tag=                 [NotifyProvider.search]
-    GET  /notify/notifications?channel=             [NotifyProvider.notifications]
-    POST /payments/refunds                          [PaymentsProvider.create_refund]
-    POST /payments/refunds/{refund_id}/cancel       [PaymentsProvider.cancel_refund]
-    GET  /payments/refunds?idempotency_key=         [get_refund_by_idempotency_key, 0 or 1 item]
-    GET  /payments/refunds?payment_id=              [PaymentsProvider.refunds]
-    GET  /payments/refunds/{refund_id}              [PaymentsProvider.get_refund]
-    POST /deploy/{target}/deploy                    [DeployTarget.deploy]
-    GET  /deploy/{target}                           [DeployTarget.observe, with an ETag header]
-    POST /deploy/{target}/seed                      [DeployTarget.seed]
-    POST /deploy/{target}/concurrent_deploy         [DeployTarget.concurrent_deploy]
-    GET  /deploy/{target}/history                   [DeployTarget.history]
-    GET  /deploy/{target}/overwrites                [DeployTarget.overwrites]
-    GET  /deploy?idempotency_key=                   [get_deployment_by_idempotency_key, 0 or 1]
     POST /_admin/inject                             [inject: provider, operation, fault, times, after]
     POST /_admin/clear_faults                       [clear_faults: provider]
     GET  /_admin/calls/{provider}?operation=        [calls]
     GET  /_admin/health                             {"status": "ok", "providers": {kind: file}}
-
-A deploy target may contain slashes (``deployment/prod``); one whose last segment is
-``history`` or ``overwrites`` cannot be observed over HTTP.
 
 Errors answer ``{"code", "message", ...}`` with the status the provider's exception carries:
 :class:`ProviderUnavailable` 503, :class:`ProviderRejected` its 4xx, :class:`IdempotencyKeyReused`
@@ -70,7 +48,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from effectflow.testing import _base, deploy
+from effectflow.testing import _base, crm, deploy, http_api, mail, notify, payments
 from effectflow.testing.crm import CrmProvider
 from effectflow.testing.deploy import DeployTarget, RevisionConflict
 from effectflow.testing.mail import MailProvider
@@ -85,6 +63,15 @@ PROVIDER_FILES: dict[str, str] = {
     "payments": "payments.db",
     "deploy": "deploy.db",
 }
+
+#: Each provider's HTTP API, in the order its routes are matched.
+TABLES: tuple[type[http_api.Table], ...] = (
+    mail.MailApi,
+    crm.CrmApi,
+    notify.NotifyApi,
+    payments.PaymentsApi,
+    deploy.DeployApi,
+)
 
 #: Seconds a lost response is held back at most; it must exceed the clients' read timeout.
 DEFAULT_HANG_S = 60.0
@@ -161,10 +148,6 @@ class ProviderSet:
             self.get(kind).close()
 
 
-class _BadRequest(Exception):
-    """The request itself is malformed (not JSON, a field missing or of the wrong type)."""
-
-
 Handler = Callable[[Request], Awaitable[Any]]
 
 
@@ -195,37 +178,45 @@ class _Service:
         self._stopping = stopping
 
     def app(self) -> Starlette:
+        shared: dict[tuple[str, str], tuple[str, list[http_api.Endpoint[..., Any]]]] = {}
+        for table in TABLES:
+            for entry in table.endpoints():
+                kind, entries = shared.setdefault((entry.route, entry.verb), (table.KIND, []))
+                entries.append(entry)
+        routes = []
+        for (path, verb), (kind, entries) in shared.items():
+            http_api.check_shared(entries)
+            routes.append(
+                Route(path, self._endpoint(self._operation(kind, entries)), methods=[verb])
+            )
         get, post = ["GET"], ["POST"]
-        table: list[tuple[str, list[str], Handler]] = [
-            ("/mail/send", post, self.mail_send),
-            ("/mail/status", get, self.mail_status),
-            ("/mail/messages", get, self.mail_messages),
-            ("/mail/find", get, self.mail_find),
-            ("/crm/upsert_task", post, self.crm_upsert_task),
-            ("/crm/task", get, self.crm_task),
-            ("/crm/tasks", get, self.crm_tasks),
-            ("/notify/post", post, self.notify_post),
-            ("/notify/search", get, self.notify_search),
-            ("/notify/notifications", get, self.notify_notifications),
-            ("/payments/refunds", post, self.payments_create),
-            ("/payments/refunds", get, self.payments_refunds),
-            ("/payments/refunds/{refund_id:path}/cancel", post, self.payments_cancel),
-            ("/payments/refunds/{refund_id:path}", get, self.payments_refund),
-            ("/deploy", get, self.deploy_by_key),
-            # Suffixed routes first: a target may itself contain slashes.
-            ("/deploy/{target:path}/deploy", post, self.deploy_deploy),
-            ("/deploy/{target:path}/seed", post, self.deploy_seed),
-            ("/deploy/{target:path}/concurrent_deploy", post, self.deploy_concurrent),
-            ("/deploy/{target:path}/history", get, self.deploy_history),
-            ("/deploy/{target:path}/overwrites", get, self.deploy_overwrites),
-            ("/deploy/{target:path}", get, self.deploy_observe),
+        admin: list[tuple[str, list[str], Handler]] = [
             ("/_admin/inject", post, self.admin_inject),
             ("/_admin/clear_faults", post, self.admin_clear_faults),
             ("/_admin/calls/{provider}", get, self.admin_calls),
             ("/_admin/health", get, self.admin_health),
         ]
-        routes = [Route(path, self._endpoint(h), methods=m) for path, m, h in table]
+        routes += [Route(path, self._endpoint(h), methods=m) for path, m, h in admin]
         return Starlette(routes=routes)
+
+    def _operation(self, kind: str, entries: list[http_api.Endpoint[..., Any]]) -> Handler:
+        """The handler of one route: the provider's method its request selects, called with the
+        arguments the table says where to find."""
+
+        async def handler(request: Request) -> Any:
+            entry = http_api.choose(entries, request.query_params)
+            body = await _json_body(request) if entry.body else {}
+            arguments = entry.arguments(
+                request.path_params, request.query_params, request.headers, body
+            )
+            method = getattr(self._p.get(kind), entry.operation)
+            result = await run_in_threadpool(method, **arguments)
+            status, content, headers = entry.answer.encode(entry.operation, result)
+            if content is None:
+                return Response(status_code=status)
+            return JSONResponse(content, status_code=status, headers=headers)
+
+        return handler
 
     # -- the edge: exceptions to HTTP ------------------------------------------------------------
 
@@ -242,7 +233,7 @@ class _Service:
                 return await self._hold(request, exc)
             except _base.ProviderError as exc:
                 return _problem(exc.status, exc.code, str(exc), **_details(exc))
-            except _BadRequest as exc:
+            except http_api.BadRequest as exc:
                 return _problem(400, "invalid_request", str(exc))
             except ValueError as exc:
                 return _problem(400, "invalid_argument", str(exc))
@@ -267,175 +258,19 @@ class _Service:
             await asyncio.sleep(_POLL_S)
         return _problem(504, "timeout", str(exc))
 
-    # -- mail ------------------------------------------------------------------------------------
-
-    async def mail_send(self, request: Request) -> Any:
-        body = await _json_body(request)
-        return await run_in_threadpool(
-            self._p.mail.send,
-            _str(body, "to"),
-            _str(body, "subject"),
-            _str(body, "body"),
-            idempotency_key=request.headers.get("idempotency-key"),
-            metadata=_str_map(body, "metadata"),
-        )
-
-    async def mail_status(self, request: Request) -> Any:
-        q = request.query_params
-        found = await run_in_threadpool(
-            self._p.mail.status,
-            idempotency_key=q.get("idempotency_key"),
-            message_id=q.get("message_id"),
-        )
-        return _found(found)
-
-    async def mail_messages(self, request: Request) -> Any:
-        to = request.query_params.get("to")
-        return {"data": await run_in_threadpool(self._p.mail.messages, to=to)}
-
-    async def mail_find(self, request: Request) -> Any:
-        metadata = dict(request.query_params)
-        return {"data": await run_in_threadpool(self._p.mail.find, **metadata)}
-
-    # -- crm -------------------------------------------------------------------------------------
-
-    async def crm_upsert_task(self, request: Request) -> Any:
-        body = await _json_body(request)
-        return await run_in_threadpool(
-            self._p.crm.upsert_task,
-            _str(body, "case_id"),
-            _str(body, "title"),
-            idempotency_key=request.headers.get("idempotency-key", ""),
-            owner=_opt_str(body, "owner"),
-        )
-
-    async def crm_task(self, request: Request) -> Any:
-        q = request.query_params
-        found = await run_in_threadpool(
-            self._p.crm.get_task, idempotency_key=q.get("idempotency_key"), task_id=q.get("task_id")
-        )
-        return _found(found)
-
-    async def crm_tasks(self, request: Request) -> Any:
-        case_id = request.query_params.get("case_id")
-        return {"data": await run_in_threadpool(self._p.crm.tasks, case_id=case_id)}
-
-    # -- notify ----------------------------------------------------------------------------------
-
-    async def notify_post(self, request: Request) -> Any:
-        body = await _json_body(request)
-        return await run_in_threadpool(
-            self._p.notify.post,
-            _str(body, "channel"),
-            _str(body, "text"),
-            client_tag=_opt_str(body, "client_tag"),
-        )
-
-    async def notify_search(self, request: Request) -> Any:
-        tag = request.query_params.get("client_tag")
-        if tag is None:
-            raise _BadRequest("client_tag is required")
-        return {"data": await run_in_threadpool(self._p.notify.search, client_tag=tag)}
-
-    async def notify_notifications(self, request: Request) -> Any:
-        channel = request.query_params.get("channel")
-        return {"data": await run_in_threadpool(self._p.notify.notifications, channel=channel)}
-
-    # -- payments --------------------------------------------------------------------------------
-
-    async def payments_create(self, request: Request) -> Any:
-        body = await _json_body(request)
-        if "amount" not in body:
-            raise _BadRequest("amount is required")
-        # The amount goes through as sent: the provider itself refuses what is not an int.
-        return await run_in_threadpool(
-            self._p.payments.create_refund,
-            _str(body, "payment_id"),
-            body["amount"],
-            idempotency_key=request.headers.get("idempotency-key", ""),
-            metadata=_str_map(body, "metadata"),
-        )
-
-    async def payments_cancel(self, request: Request) -> Any:
-        return await run_in_threadpool(
-            self._p.payments.cancel_refund,
-            request.path_params["refund_id"],
-            idempotency_key=request.headers.get("idempotency-key", ""),
-        )
-
-    async def payments_refunds(self, request: Request) -> Any:
-        q = request.query_params
-        key, payment_id = q.get("idempotency_key"), q.get("payment_id")
-        if key is not None and payment_id is not None:
-            raise _BadRequest("give at most one of idempotency_key and payment_id")
-        if key is not None:
-            found = await run_in_threadpool(self._p.payments.get_refund_by_idempotency_key, key)
-            return {"data": [] if found is None else [found]}
-        return {"data": await run_in_threadpool(self._p.payments.refunds, payment_id=payment_id)}
-
-    async def payments_refund(self, request: Request) -> Any:
-        refund_id = request.path_params["refund_id"]
-        return _found(await run_in_threadpool(self._p.payments.get_refund, refund_id))
-
-    # -- deploy ----------------------------------------------------------------------------------
-
-    async def deploy_deploy(self, request: Request) -> Any:
-        body = await _json_body(request)
-        return await run_in_threadpool(
-            self._p.deploy.deploy,
-            request.path_params["target"],
-            _str(body, "image"),
-            expected_revision=_opt_int(body, "expected_revision"),
-            if_match=request.headers.get("if-match"),
-            idempotency_key=request.headers.get("idempotency-key"),
-        )
-
-    async def deploy_observe(self, request: Request) -> Any:
-        state = await run_in_threadpool(self._p.deploy.observe, request.path_params["target"])
-        return JSONResponse(state, headers={"ETag": state["etag"]})
-
-    async def deploy_seed(self, request: Request) -> Any:
-        body = await _json_body(request)
-        revision = _opt_int(body, "revision")
-        await run_in_threadpool(
-            self._p.deploy.seed,
-            request.path_params["target"],
-            _opt_str(body, "image"),
-            revision=deploy.INITIAL_REVISION if revision is None else revision,
-        )
-        return Response(status_code=204)
-
-    async def deploy_concurrent(self, request: Request) -> Any:
-        body = await _json_body(request)
-        return await run_in_threadpool(
-            self._p.deploy.concurrent_deploy, request.path_params["target"], _str(body, "image")
-        )
-
-    async def deploy_history(self, request: Request) -> Any:
-        target = request.path_params["target"]
-        return {"data": await run_in_threadpool(self._p.deploy.history, target)}
-
-    async def deploy_overwrites(self, request: Request) -> Any:
-        target = request.path_params["target"]
-        return {"overwrites": await run_in_threadpool(self._p.deploy.overwrites, target)}
-
-    async def deploy_by_key(self, request: Request) -> Any:
-        key = request.query_params.get("idempotency_key")
-        if key is None:
-            raise _BadRequest("idempotency_key is required")
-        found = await run_in_threadpool(self._p.deploy.get_deployment_by_idempotency_key, key)
-        return {"data": [] if found is None else [found]}
-
     # -- admin -----------------------------------------------------------------------------------
 
     async def admin_inject(self, request: Request) -> Any:
         body = await _json_body(request)
-        provider = self._p.get(_str(body, "provider"))
-        times, after = _opt_int(body, "times"), _opt_int(body, "after")
+        provider = self._p.get(http_api.TEXT.read(body, "provider"))
+        times, after = (
+            http_api.OPTIONAL_INT.read(body, "times"),
+            http_api.OPTIONAL_INT.read(body, "after"),
+        )
         await run_in_threadpool(
             provider.inject,
-            _str(body, "operation"),
-            _fault(_str(body, "fault")),
+            http_api.TEXT.read(body, "operation"),
+            _fault(http_api.TEXT.read(body, "fault")),
             times=1 if times is None else times,
             after=0 if after is None else after,
         )
@@ -443,7 +278,7 @@ class _Service:
 
     async def admin_clear_faults(self, request: Request) -> Any:
         body = await _json_body(request)
-        await run_in_threadpool(self._p.get(_str(body, "provider")).clear_faults)
+        await run_in_threadpool(self._p.get(http_api.TEXT.read(body, "provider")).clear_faults)
         return Response(status_code=204)
 
     async def admin_calls(self, request: Request) -> Any:
@@ -463,52 +298,16 @@ async def _json_body(request: Request) -> dict[str, Any]:
     try:
         body = await request.json()
     except ValueError as exc:
-        raise _BadRequest("the body is not JSON") from exc
+        raise http_api.BadRequest("the body is not JSON") from exc
     if not isinstance(body, dict):
-        raise _BadRequest("the body must be a JSON object")
+        raise http_api.BadRequest("the body must be a JSON object")
     return body
-
-
-def _str(body: dict[str, Any], name: str) -> str:
-    value = body.get(name)
-    if not isinstance(value, str):
-        raise _BadRequest(f"{name} is required and must be a string")
-    return value
-
-
-def _opt_str(body: dict[str, Any], name: str) -> str | None:
-    value = body.get(name)
-    if value is not None and not isinstance(value, str):
-        raise _BadRequest(f"{name} must be a string or null")
-    return value
-
-
-def _opt_int(body: dict[str, Any], name: str) -> int | None:
-    value = body.get(name)
-    if value is not None and (type(value) is not int):
-        raise _BadRequest(f"{name} must be an integer or null")
-    return value
-
-
-def _str_map(body: dict[str, Any], name: str) -> dict[str, str] | None:
-    value = body.get(name)
-    if value is None:
-        return None
-    if not isinstance(value, dict) or not all(
-        isinstance(k, str) and isinstance(v, str) for k, v in value.items()
-    ):
-        raise _BadRequest(f"{name} must be an object of strings")
-    return value
 
 
 def _fault(value: str) -> _base.FaultKind:
     # Unchecked on purpose: ``inject`` refuses an unknown fault with the same ValueError as in
     # process, which answers 400 invalid_argument.
     return cast(_base.FaultKind, value)
-
-
-def _found(value: dict[str, Any] | None) -> Any:
-    return _problem(404, "not_found", "no such object") if value is None else value
 
 
 def _problem(status: int, code: str, message: str, **details: Any) -> JSONResponse:
@@ -638,4 +437,6 @@ def _deadline_header(request: Request) -> float | None:
     try:
         return float(raw)
     except ValueError:
-        raise _BadRequest(f"X-Request-Deadline must be epoch seconds, not {raw!r}") from None
+        raise http_api.BadRequest(
+            f"X-Request-Deadline must be epoch seconds, not {raw!r}"
+        ) from None
