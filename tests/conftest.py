@@ -2,7 +2,9 @@
 
 pytest puts this folder on ``sys.path`` when it loads this file (``tests/`` is not a package), so
 helper modules beside it (``pg_server``, ``ledgers``, ``worlds``) import by name from tests in any
-folder.
+folder: ``ledgers`` for a fresh ledger on each backend and what a missing PostgreSQL means,
+``pg_server`` for a private server a test may restart, ``worlds`` for the world a module's tools
+talk to, a clock that moves when told, and a step's record.
 """
 
 from __future__ import annotations
@@ -13,9 +15,10 @@ from pathlib import Path
 import pytest
 
 import ledgers
+import worlds
 from pg_server import private_pg, private_pg_server
 
-__all__ = ["any_ledger", "pg_url", "private_pg", "private_pg_server"]
+__all__ = ["any_ledger", "clock", "pg_url", "private_pg", "private_pg_server"]
 
 
 def pytest_report_header() -> str:
@@ -41,3 +44,9 @@ def pg_url() -> Iterator[str]:
     ``ledgers.pg_database``)."""
     with ledgers.pg_database("ef_pg") as url:
         yield url
+
+
+@pytest.fixture
+def clock() -> worlds.FakeClock:
+    """A clock at ``worlds.T0`` that moves only when the test says so."""
+    return worlds.FakeClock()

@@ -28,23 +28,11 @@ from effectflow.testing import (
     ProviderError,
     ProviderRejected,
 )
+from worlds import Current, FakeClock, step
 
 FAST = ef.RetryPolicy(max_attempts=3, max_lookups=2, initial_backoff=0.001, max_backoff=0.005)
 S = ef.StepStatus
 R = ef.RunStatus
-
-
-class FakeClock:
-    """Moves only when told; starts at the real time so the providers' clocks agree with it."""
-
-    def __init__(self) -> None:
-        self.now = time.time()
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
 
 
 class World:
@@ -73,11 +61,8 @@ class World:
         self.mail.close()
 
 
-_CURRENT: list[World] = []
-
-
-def world() -> World:
-    return _CURRENT[-1]
+#: The world of the running test, for the tools below.
+world = Current[World]()
 
 
 def speak(call: Any) -> Any:
@@ -278,16 +263,14 @@ def blocking_two(ctx: ef.Context) -> Any:
 
 @pytest.fixture
 def clock() -> FakeClock:
-    return FakeClock()
+    """Moves only when told; starts at the real time so the providers' clocks agree with it."""
+    return FakeClock(time.time())
 
 
 @pytest.fixture
 def w(tmp_path: Path, clock: FakeClock) -> Iterator[World]:
-    made = World(tmp_path, clock)
-    _CURRENT.append(made)
-    yield made
-    _CURRENT.remove(made)
-    made.close()
+    with world.entered(World(tmp_path, clock)) as made:
+        yield made
 
 
 @pytest.fixture
@@ -299,10 +282,6 @@ def url(tmp_path: Path) -> str:
 def rt(url: str, w: World, clock: FakeClock) -> Iterator[ef.Runtime]:
     with ef.Runtime(url, clock=clock) as runtime:
         yield runtime
-
-
-def step(rt: ef.Runtime, run_id: str, step_id: str) -> ef.StepRecord:
-    return next(s for s in rt.steps(run_id) if s.step_id == step_id)
 
 
 def effect_of(rt: ef.Runtime, run_id: str, step_id: str) -> ef.EffectRecord:

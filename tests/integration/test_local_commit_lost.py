@@ -29,6 +29,7 @@ import pytest
 
 import effectflow as ef
 import ledgers
+from worlds import step
 
 PG_URL = ledgers.PG
 FAST = ef.RetryPolicy(max_attempts=3, max_lookups=2, initial_backoff=0.001, max_backoff=0.005)
@@ -368,10 +369,6 @@ def seats(direct: str, seat: str) -> int:
         row = conn.execute(f"SELECT count(*) FROM {TABLE} WHERE seat = %s", (seat,)).fetchone()
     assert row is not None
     return int(row[0])
-
-
-def step(rt: ef.Runtime, run_id: str, step_id: str) -> ef.StepRecord:
-    return next(s for s in rt.steps(run_id) if s.step_id == step_id)
 
 
 def kinds(rt: ef.Runtime, run_id: str, step_id: str) -> list[str]:

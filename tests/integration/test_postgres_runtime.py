@@ -17,6 +17,7 @@ import pytest
 
 import effectflow as ef
 from effectflow.testing import MailProvider
+from worlds import Current, step
 
 FAST = ef.RetryPolicy(max_attempts=3, max_lookups=2, initial_backoff=0.001, max_backoff=0.005)
 S = ef.StepStatus
@@ -32,12 +33,12 @@ class World:
         self.reserved: list[str] = []
         self.released: list[str] = []
 
+    def close(self) -> None:
+        self.mail.close()
 
-_CURRENT: list[World] = []
 
-
-def world() -> World:
-    return _CURRENT[-1]
+#: The world of the running test, for the tools below.
+world = Current[World]()
 
 
 # -- tools ------------------------------------------------------------------------------------------
@@ -142,11 +143,8 @@ def url(pg_url: str) -> str:
 
 @pytest.fixture
 def w(tmp_path: Path) -> Iterator[World]:
-    made = World(tmp_path)
-    _CURRENT.append(made)
-    yield made
-    _CURRENT.remove(made)
-    made.mail.close()
+    with world.entered(World(tmp_path)) as made:
+        yield made
 
 
 @pytest.fixture
@@ -159,10 +157,6 @@ def rows(url: str, sql: str) -> list[tuple[Any, ...]]:
     """Read the ledger's database behind the runtime's back."""
     with psycopg.connect(url) as conn:
         return conn.execute(sql).fetchall()
-
-
-def step(rt: ef.Runtime, run_id: str, step_id: str) -> ef.StepRecord:
-    return next(s for s in rt.steps(run_id) if s.step_id == step_id)
 
 
 # -- tests ------------------------------------------------------------------------------------------

@@ -28,25 +28,12 @@ from effectflow.testing import (
     ProviderError,
     ProviderUnavailable,
 )
+from worlds import Current, FakeClock
 
 T = TypeVar("T")
-T0 = 1_700_000_000.0
 
 # Retries and lookups back off for milliseconds, so budgets are spent quickly.
 FAST = ef.RetryPolicy(max_attempts=3, max_lookups=2, initial_backoff=0.001, max_backoff=0.005)
-
-
-class FakeClock:
-    """A clock that moves only when the test says so."""
-
-    def __init__(self, now: float = T0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
 
 
 class World:
@@ -68,11 +55,8 @@ class World:
             provider.close()
 
 
-_CURRENT: list[World] = []
-
-
-def world() -> World:
-    return _CURRENT[-1]
+#: The world of the running test, for the tools below.
+world = Current[World]()
 
 
 def speak(call: Callable[[], T]) -> T:
@@ -306,11 +290,6 @@ async def async_case(ctx: ef.AsyncContext, case_id: str, email: str) -> str:
 
 
 @pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock()
-
-
-@pytest.fixture
 def ledger(tmp_path: Path) -> Path:
     return tmp_path / "ledger.db"
 
@@ -322,11 +301,8 @@ def url(ledger: Path) -> str:
 
 @pytest.fixture
 def w(tmp_path: Path) -> Iterator[World]:
-    made = World(tmp_path)
-    _CURRENT.append(made)
-    yield made
-    _CURRENT.remove(made)
-    made.close()
+    with world.entered(World(tmp_path)) as made:
+        yield made
 
 
 @pytest.fixture
@@ -806,11 +782,8 @@ def crash_after_send(url: str, clock: FakeClock) -> None:
 
 @pytest.fixture
 def w_clocked(tmp_path: Path, clock: FakeClock) -> Iterator[World]:
-    made = World(tmp_path, clock=clock)
-    _CURRENT.append(made)
-    yield made
-    _CURRENT.remove(made)
-    made.close()
+    with world.entered(World(tmp_path, clock=clock)) as made:
+        yield made
 
 
 def test_key_within_retention_is_retried_with_the_original_key(

@@ -23,26 +23,7 @@ from effectflow.testing.providers import (
     ProviderTimeout,
     ProviderUnavailable,
 )
-
-T0 = 1_700_000_000.0
-
-
-class FakeClock:
-    """A clock that moves only when a test says so."""
-
-    def __init__(self, now: float = T0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
-
-
-@pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock()
+from worlds import FakeClock
 
 
 @pytest.fixture

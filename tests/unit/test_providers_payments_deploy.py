@@ -23,28 +23,10 @@ from effectflow.testing.providers import (
     ProviderUnavailable,
     RevisionConflict,
 )
+from worlds import FakeClock
 
-T0 = 1_700_000_000.0
 T0_ISO = "2023-11-14T22:13:20.000000+00:00"
 PROD = "deployment/prod"
-
-
-class FakeClock:
-    """A clock that moves only when a test says so."""
-
-    def __init__(self, now: float = T0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
-
-
-@pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock()
 
 
 @pytest.fixture
