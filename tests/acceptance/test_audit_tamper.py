@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 import shutil
+import time
 import sqlite3
 import uuid
 from collections.abc import Callable, Iterator
@@ -449,3 +450,37 @@ def test_concurrent_writers_chain_every_seal_into_its_shard(tmp_path: Path, back
             rt.close()
         code, out = _verify(url)
         assert code == 0, out
+
+
+@pytest.mark.parametrize("backend", ledgers.BACKENDS)
+def test_verify_on_a_live_ledger_reads_one_moment(tmp_path: Path, backend: str) -> None:
+    """While a writer keeps sealing, verify (from a process's own store, as the CLI does) reads
+    every run's row, its seals and the shards as of one moment: no finding is a write that
+    landed between two of its reads."""
+    import threading
+
+    with ledgers.fresh(backend, tmp_path, prefix="ef_live") as url:
+        stop = threading.Event()
+        written: list[int] = []
+
+        def write() -> None:
+            with ef.Runtime(url) as rt:
+                while not stop.is_set():
+                    rt.start(case, run_id=f"live-{len(written)}", to="x")
+                    written.append(1)
+
+        writer = threading.Thread(target=write)
+        writer.start()
+        verified = 0
+        try:
+            deadline = time.monotonic() + 30
+            while not written and time.monotonic() < deadline:
+                time.sleep(0.01)  # the writer's runtime creates the ledger first
+            while verified < 4 or len(written) < 12:
+                code, out = _verify(url)
+                assert code == 0, out
+                verified += 1
+                assert verified < 500, "the writer did not write"
+        finally:
+            stop.set()
+            writer.join(timeout=60)

@@ -178,8 +178,10 @@ def audit_verify(
             except (OSError, ValueError) as exc:
                 typer.echo(f"effectflow audit verify: --against {against}: {exc}", err=True)
                 raise typer.Exit(EXIT_USAGE) from None
-            chains = audit.replay_shards(store, key)[1]
-            problems += audit.check_head(head, audit.materials(store), key, chains)
+            want = {int(e["shard"]): int(e["n"]) for e in head.get("shards", [])}
+            with store.audit_snapshot():
+                chains = audit.replay_shards(store, key, want)[1]
+                problems += audit.check_head(head, audit.materials(store), key, chains)
     finally:
         store.close()
     note = None if key is not None else _UNKEYED.format(env=audit.KEY_ENV)
@@ -221,11 +223,12 @@ def audit_head(
 
     store = _open_for_audit("head", db, False)
     try:
-        head = audit.export_head(
-            [audit.head_entry(m) for m in audit.materials(store).values()],
-            store.audit_key,
-            audit.shard_heads(store),
-        )
+        with store.audit_snapshot():  # the runs' heads and the shards' of one moment
+            head = audit.export_head(
+                [audit.head_entry(m) for m in audit.materials(store).values()],
+                store.audit_key,
+                audit.shard_heads(store),
+            )
     finally:
         store.close()
     text = json.dumps(head, indent=1, sort_keys=True) + "\n"

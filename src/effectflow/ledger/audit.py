@@ -37,6 +37,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import hmac
+import itertools
 import json
 import os
 import time
@@ -528,7 +529,7 @@ def check_head(
     for entry in head.get("shards", []) if chains is not None else []:
         shard, n = int(entry["shard"]), int(entry["n"])
         chain = by_shard.get(shard)
-        if chain is None or len(chain.heads) < n:
+        if chain is None or chain.length < n:
             problems.append(
                 Problem(
                     f"(shard {shard})",
@@ -537,7 +538,7 @@ def check_head(
                     "(seals were removed: runs deleted or cut)",
                 )
             )
-        elif n and chain.heads[n - 1] is not None and chain.heads[n - 1] != entry["head"]:
+        elif n and chain.at.get(n) is not None and chain.at[n] != entry["head"]:
             problems.append(
                 Problem(
                     f"(shard {shard})",
@@ -788,73 +789,115 @@ def _applied_at(store: Any, version: int) -> float | None:
 
 @dataclasses.dataclass(frozen=True)
 class ShardChain:
-    """One shard's chain as ``verify`` replayed it."""
+    """One shard's chain as ``replay_shards`` recomputed it."""
 
     shard: int
-    #: The head the ledger records, and its length.
-    head: str
-    n: int
-    #: The head after each seal, by position (1-based), as recomputed (None where it could not be:
-    #: a keyed seal and no key).
-    heads: list[str | None]
+    #: How many seals are in it, in order from the first (up to a gap).
+    length: int
+    #: The recomputed head after the seals at the positions asked for (None where it could not
+    #: be recomputed: a keyed seal and no key).
+    at: dict[int, str | None]
 
 
-def replay_shards(store: Any, key: bytes | None) -> tuple[list[Problem], list[ShardChain]]:
-    """Recompute every shard's chain from the seals in it and compare it with the head the ledger
-    records: a seal removed anywhere (a run deleted whole, a tail cut) breaks its shard's chain,
-    and with a key nobody without it can mend the chain."""
+def _shard_key(row: Mapping[str, Any]) -> int:
+    return int(row["shard"])
+
+
+def _replay_shard(
+    shard: int,
+    seals: Iterable[Mapping[str, Any]],
+    recorded: tuple[int, str],
+    key: bytes | None,
+    want: int | None,
+) -> tuple[ShardChain, str]:
+    """Replay one shard's seals (in ``shard_seq`` order); returns its chain and what is wrong
+    with it ("" if nothing)."""
+    n, head = recorded
+    prev: str | None = shard_genesis(shard)
+    at: dict[int, str | None] = {}
+    seen = chained = 0
+    gap = ""
+    for seal in seals:
+        if gap:
+            seen += 1  # counted, no longer chained
+            continue
+        seq = seen + 1
+        if seal["shard_seq"] != seq:
+            gap = (
+                f"the shard's chain skips from {seq - 1} to {seal['shard_seq']} at seal "
+                f"{seal['n']} of run {seal['run_id']} (seals were removed)"
+            )
+            seen += 1
+            continue
+        keyed = str(seal["hash"]).startswith(KEYED)
+        if prev is not None and keyed and key is None:
+            prev = None  # verifiable with the key only (said once, by the caller)
+        if prev is not None:
+            prev = shard_link(
+                prev, shard=shard, seq=seq, seal_hash=seal["hash"], key=key if keyed else None
+            )
+        seen = chained = seq
+        if seq == want:
+            at[seq] = prev
+    if gap:
+        message = gap
+    elif seen != n:
+        message = (
+            f"the shard's chain has {seen} seals, its head records {n} (seals were removed or "
+            "added)"
+        )
+    elif seen and prev is not None and prev != head:
+        message = "the shard's chain does not end where its head says (seals or head rewritten)"
+    elif not seen and head != shard_genesis(shard):
+        message = "the shard has no seals and its head is not a new shard's (edited)"
+    else:
+        message = ""
+    return ShardChain(shard, chained, at), message
+
+
+def replay_shards(
+    store: Any, key: bytes | None, want: Mapping[int, int] | None = None
+) -> tuple[list[Problem], list[ShardChain]]:
+    """Recompute every shard's chain from the seals in it (one sorted scan, in bounded memory)
+    and compare it with the head the ledger records: a seal removed anywhere (a run deleted
+    whole, a tail cut) breaks its shard's chain, and with a key nobody without it can mend the
+    chain. ``want``: per shard, a position whose recomputed head to keep (an exported head's)."""
     problems: list[Problem] = []
     chains: list[ShardChain] = []
     recorded = {
         int(r["shard"]): (int(r["n"]), str(r["head"]))
         for r in store.audit_rows("SELECT shard, n, head FROM audit_shards", ())
     }
+    stream = store.audit_stream(
+        "SELECT shard, shard_seq, run_id, n, hash FROM seals WHERE shard IS NOT NULL "
+        "ORDER BY shard, shard_seq",
+        (),
+    )
+    groups = itertools.groupby(stream, _shard_key)
+    pending = next(groups, None)
     for shard in range(SHARDS):
+        seals: Iterable[Mapping[str, Any]] = ()
+        while pending is not None and pending[0] < shard:
+            # seals of a shard that does not exist: counted as unchained
+            problems.append(Problem(f"(shard {pending[0]})", None, "seals in no known shard"))
+            pending = next(groups, None)
+        if pending is not None and pending[0] == shard:
+            seals = pending[1]
         where = f"(shard {shard})"
         if shard not in recorded:
             problems.append(Problem(where, None, "the shard's head row is gone (deleted)"))
-            continue
-        n, head = recorded[shard]
-        seals = store.audit_rows(
-            "SELECT run_id, n, hash, shard_seq FROM seals WHERE shard = ? ORDER BY shard_seq",
-            (shard,),
+            recorded[shard] = (0, shard_genesis(shard))
+        chain, message = _replay_shard(
+            shard, seals, recorded[shard], key, None if want is None else want.get(shard)
         )
-        prev: str | None = shard_genesis(shard)
-        heads: list[str | None] = []
-        for seq, seal in enumerate(seals, 1):
-            if seal["shard_seq"] != seq:
-                problems.append(
-                    Problem(
-                        where,
-                        None,
-                        f"the shard's chain skips from {seq - 1} to {seal['shard_seq']} at seal "
-                        f"{seal['n']} of run {seal['run_id']} (seals were removed)",
-                    )
-                )
-                prev = None  # the rest of this chain cannot be recomputed
-                break
-            keyed = str(seal["hash"]).startswith(KEYED)
-            if prev is not None and keyed and key is None:
-                prev = None  # verifiable with the key only (said once, by the caller)
-            if prev is not None:
-                prev = shard_link(
-                    prev, shard=shard, seq=seq, seal_hash=seal["hash"], key=key if keyed else None
-                )
-            heads.append(prev)
-        if len(seals) != n:
-            message = (
-                f"the shard's chain has {len(seals)} seals, its head records {n} (seals were "
-                "removed or added)"
-            )
-        elif heads and heads[-1] is not None and heads[-1] != head:
-            message = "the shard's chain does not end where its head says (seals or head rewritten)"
-        elif not seals and head != shard_genesis(shard):
-            message = "the shard has no seals and its head is not a new shard's (edited)"
-        else:
-            message = ""
         if message:
             problems.append(Problem(where, None, message))
-        chains.append(ShardChain(shard, head, n, heads))
+        chains.append(chain)
+        if pending is not None and pending[0] == shard:
+            pending = next(groups, None)
+    while pending is not None:
+        problems.append(Problem(f"(shard {pending[0]})", None, "seals in no known shard"))
+        pending = next(groups, None)
     used = {s for s, (n, _) in recorded.items() if s != INDEX and n > 0}
     index = recorded.get(INDEX)
     if index is None:
@@ -883,7 +926,13 @@ def replay_shards(store: Any, key: bytes | None) -> tuple[list[Problem], list[Sh
 
 def verify(store: Any, run_id: str | None, key: bytes | None) -> list[Problem]:
     """Verify the ledger (or one run): both chains of every run, its rows against its seals, the
-    shards' chains over every run's seals, and what is left of runs that are gone."""
+    shards' chains over every run's seals, and what is left of runs that are gone; all read in one
+    snapshot (``store.audit_snapshot``), so a live ledger's concurrent writes are no findings."""
+    with store.audit_snapshot():
+        return _verify(store, run_id, key)
+
+
+def _verify(store: Any, run_id: str | None, key: bytes | None) -> list[Problem]:
     sealed_since = _applied_at(store, 7)
     shards_since = _applied_at(store, 8)
     problems: list[Problem] = []

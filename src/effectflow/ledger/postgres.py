@@ -379,6 +379,8 @@ class PostgresStore:
             open=True,
         )
         self._listen_lock = threading.Lock()
+        #: The connection of a thread's ``audit_snapshot``, which its reads go through.
+        self._snapshot = threading.local()
         self._listener: Connection | None = None
         try:
             self.migrate()
@@ -455,7 +457,11 @@ class PostgresStore:
             conn.execute("COMMIT")
 
     def _statement(self, sql: str, params: Sequence[Any] = ()) -> list[Row]:
-        """One statement in its own (implicit) transaction: one round trip."""
+        """One statement in its own (implicit) transaction: one round trip (or in this thread's
+        ``audit_snapshot``)."""
+        snapshot: Connection | None = getattr(self._snapshot, "conn", None)
+        if snapshot is not None:
+            return _rows(snapshot, sql, params)
         with self._pool.connection() as conn:
             return _rows(conn, sql, params)
 
@@ -1036,6 +1042,35 @@ class PostgresStore:
     def audit_rows(self, sql: str, params: Sequence[Any]) -> list[dict[str, Any]]:
         """Rows of a read-only query (``?`` placeholders), for ``audit.verify``."""
         return [dict(r) for r in self._statement(sql.replace("?", "%s"), params)]
+
+    @contextmanager
+    def audit_snapshot(self) -> Iterator[None]:
+        """This thread's reads see one moment of the ledger until the block ends (a read-only
+        REPEATABLE READ transaction): ``verify`` on a live ledger reads a run's row and its seals
+        as they were together, not a seal committed in between."""
+        if getattr(self._snapshot, "conn", None) is not None:
+            yield
+            return
+        with self._pool.connection() as conn:
+            conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+            self._snapshot.conn = conn
+            try:
+                yield
+            finally:
+                self._snapshot.conn = None
+                conn.execute("ROLLBACK")
+
+    def audit_stream(
+        self, sql: str, params: Sequence[Any], *, size: int = 5000
+    ) -> Iterator[dict[str, Any]]:
+        """The rows of a read-only query, fetched ``size`` at a time (a server-side cursor), in
+        this thread's snapshot: what ``verify`` reads of every seal, in bounded memory."""
+        with self.audit_snapshot():
+            conn: Connection = self._snapshot.conn
+            with conn.cursor(name="effectflow_audit_stream", row_factory=dict_row) as cur:
+                cur.itersize = size
+                cur.execute(sql.replace("?", "%s"), params)
+                yield from cur
 
     def close(self) -> None:
         """Close the pool and the listening connection (waits for a ``wait_for_work`` in progress

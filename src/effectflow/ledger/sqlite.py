@@ -901,6 +901,31 @@ class SQLiteStore:
         """Rows of a read-only query (``?`` placeholders), for ``audit.verify``."""
         return [dict(r) for r in self._all(sql, params)]
 
+    @contextmanager
+    def audit_snapshot(self) -> Iterator[None]:
+        """The reads of this store see one moment of the file until the block ends (a read
+        transaction; WAL keeps it while others write): ``verify`` on a live ledger reads a run's
+        row and its seals as they were together. This store's own writes wait for the block."""
+        with self._lock:
+            if self._conn.in_transaction:
+                yield
+                return
+            self._conn.execute("BEGIN")
+            try:
+                yield
+            finally:
+                self._conn.execute("COMMIT")
+
+    def audit_stream(
+        self, sql: str, params: Sequence[Any], *, size: int = 5000
+    ) -> Iterator[dict[str, Any]]:
+        """The rows of a read-only query, ``size`` at a time, in a snapshot: what ``verify`` reads
+        of every seal, in bounded memory."""
+        with self.audit_snapshot():
+            cur = self._conn.execute(sql, params)
+            while rows := cur.fetchmany(size):
+                yield from (dict(r) for r in rows)
+
     def close(self) -> None:
         """Close the connection."""
         with self._lock:
