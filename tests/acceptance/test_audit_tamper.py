@@ -7,8 +7,8 @@ from __future__ import annotations
 import contextlib
 import json
 import shutil
-import time
 import sqlite3
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
