@@ -418,6 +418,8 @@ class PostgresStore:
                 if version in done:
                     continue
                 conn.execute(sql)  # no parameters: psycopg sends the whole script at once
+                if version in _AFTER_MIGRATION:
+                    _AFTER_MIGRATION[version](conn)
                 conn.execute(
                     "INSERT INTO schema_migrations (version, name, applied_at) "
                     "VALUES (%s, %s, extract(epoch FROM clock_timestamp()))",
@@ -1132,6 +1134,43 @@ def _filters(*, tenant: str | None, statuses: Sequence[str] | None) -> tuple[lis
         where.append("status = ANY(%s::text[])")
         params.append([str(s) for s in statuses])
     return where, params
+
+
+#: The JSON columns migration 8 turned from jsonb into TEXT.
+_JSON_COLUMNS = {
+    "runs": ("input_json", "output_json", "error_json", "control_json"),
+    "steps": ("output_json", "error_json"),
+    "attempts": ("error_json",),
+    "effects": ("evidence_json",),
+}
+
+
+def _canonical_json_columns(conn: Connection) -> None:
+    """After migration 8: the JSON text of earlier rows is jsonb's print (spaces, its own key
+    order); rewrite it as the canonical print the write path makes and digests (same values). Read
+    a thousand rows at a time (a server-side cursor): a large ledger is not held in memory."""
+    for table, columns in _JSON_COLUMNS.items():
+        assignments = ", ".join(f"{c} = %s" for c in columns)
+        with conn.cursor(name=f"effectflow_v8_{table}") as read:
+            read.itersize = 1000
+            read.execute(f"SELECT ctid::text, {', '.join(columns)} FROM {table}")
+            while rows := read.fetchmany(1000):
+                fixed = []
+                for ctid, *texts in rows:
+                    canonical = [
+                        None if t is None else digests.canonical_json(json.loads(t)) for t in texts
+                    ]
+                    if canonical != texts:
+                        fixed.append((*canonical, ctid))
+                if fixed:
+                    with conn.cursor() as cur:
+                        cur.executemany(
+                            f"UPDATE {table} SET {assignments} WHERE ctid = %s::tid", fixed
+                        )
+
+
+#: Python that a migration needs after its SQL, in its transaction.
+_AFTER_MIGRATION: dict[int, Callable[[Connection], None]] = {8: _canonical_json_columns}
 
 
 def migrations() -> list[tuple[int, str, str]]:
