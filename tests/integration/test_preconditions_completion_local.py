@@ -295,7 +295,8 @@ def test_the_required_state_cannot_change_for_a_running_step(ledger: Path, w: Wo
         dying.start(notify, run_id="n1", to="li@example.com")
     with ef.Runtime(f"sqlite:///{ledger}", clock=lambda: time.time() + 3600) as rt:
         assert step(rt, "n1", "send").status is S.AWAITING_COMPLETION
-        run = rt._drive(rt.run("n1"), notify_sent)  # the same run under the changed contract
+        # The same run under the changed contract.
+        run = rt._executor.drive(rt.run("n1"), notify_sent)
         assert run.status is R.FAILED
         assert run.error is not None
         assert run.error["code"] == "contract_error"

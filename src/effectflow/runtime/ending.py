@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from effectflow import digests, errors
 from effectflow.contracts.tool import Tool
@@ -25,11 +25,9 @@ from effectflow.ledger.records import NextAction, RunStatus, StepStatus
 from effectflow.ledger.store import Batch
 from effectflow.policies import decision
 from effectflow.policies.decision import Action, Situation
-from effectflow.runtime import context, engine, outcomes, requests
+from effectflow.runtime import driver, engine, outcomes, requests
 from effectflow.runtime import state as state_mod
-
-if TYPE_CHECKING:
-    from effectflow.runtime.runtime import Runtime
+from effectflow.runtime.port import Port
 
 #: The control kinds an operator (or the workflow) can put on a run.
 CANCEL = "cancel"
@@ -44,7 +42,7 @@ def compensation_step_id(step_id: str) -> str:
     return f"compensate:{step_id}"
 
 
-def finish(runtime: Runtime, state: state_mod.RunState) -> records.RunRecord:
+def finish(port: Port, state: state_mod.RunState) -> records.RunRecord:
     """Apply the run's control request (cancel or compensate) and give the run its end state.
 
     Safe to call again after a crash or a pause: every step it takes is recorded, compensations are
@@ -55,20 +53,20 @@ def finish(runtime: Runtime, state: state_mod.RunState) -> records.RunRecord:
     assert control is not None
     kind = control.get("kind", CANCEL)
     if kind == CANCEL:
-        _stop_unstarted(state)
-        _stop_in_progress(runtime, state)
-        _settle_unknowns(runtime, state)
+        _stop_unstarted(port, state)
+        _stop_in_progress(port, state)
+        _settle_unknowns(port, state)
     trigger = "cancelled" if kind == CANCEL else "goal_abandoned"
-    waiting = _compensate(runtime, state, trigger)
-    return _conclude(runtime, state, kind, waiting)
+    waiting = _compensate(port, state, trigger)
+    return _conclude(port, state, kind, waiting)
 
 
 def inventory(
-    runtime: Runtime, run: records.RunRecord, *, in_flight: frozenset[str] = frozenset()
+    port: Port, run: records.RunRecord, *, in_flight: frozenset[str] = frozenset()
 ) -> records.Inventory:
     """What the run left in the world, from the ledger (DESIGN §5)."""
-    steps = runtime.store.steps(run.run_id)
-    effects = runtime.store.effects(tenant=None, run_id=run.run_id, limit=100_000)
+    steps = port.store.steps(run.run_id)
+    effects = port.store.effects(tenant=None, run_id=run.run_id, limit=100_000)
     confirmed, unknown, flying, compensated, pending, stopped = [], [], [], [], [], []
     for effect in effects:
         if effect.compensates is not None:
@@ -104,9 +102,9 @@ def inventory(
 # -- cancel ---------------------------------------------------------------------------------------
 
 
-def _stop_unstarted(state: state_mod.RunState) -> None:
+def _stop_unstarted(port: Port, state: state_mod.RunState) -> None:
     """Steps that never sent anything (waiting for an approval) will not start: ``cancelled``."""
-    now = state.now()
+    now = port.clock()
     batch = state.batch()
     for step in list(state.steps.values()):
         if step.status is StepStatus.PENDING and step.compensates is None:
@@ -117,25 +115,25 @@ def _stop_unstarted(state: state_mod.RunState) -> None:
             batch.step(cancelled)
             batch.event("step_cancelled", now, step_id=step.step_id, reason="run cancelled")
     if not batch.empty:
-        state.runtime.commit(state, batch)
+        port.writer.commit(state, batch)
 
 
-def _stop_in_progress(runtime: Runtime, state: state_mod.RunState) -> None:
+def _stop_in_progress(port: Port, state: state_mod.RunState) -> None:
     """Calls the provider still works on (accepted, not complete) are stopped where the tool
     declares a cancel operation; the others are left to land and are classified as they are."""
     for step in list(state.steps.values()):
         if step.status not in (StepStatus.AWAITING_COMPLETION, StepStatus.INTENT_RECORDED):
             continue
         try:
-            tool = runtime.registry.tool(step.tool)
+            tool = port.registry.tool(step.tool)
         except errors.ContractError:
             continue
         if tool.contract.cancel is None or step.effect_id is None:
             continue
-        canceller = runtime.registry.tool(tool.contract.cancel)
+        canceller = port.registry.tool(tool.contract.cancel)
         answer, error = _call_cancel_operation(canceller, step)
-        now = state.now()
-        effect = runtime.store.get_effect(step.effect_id)
+        now = port.clock()
+        effect = port.store.get_effect(step.effect_id)
         assert effect is not None
         batch = state.batch()
         if error is None:
@@ -163,7 +161,7 @@ def _stop_in_progress(runtime: Runtime, state: state_mod.RunState) -> None:
             stopped=error is None,
             error=error,
         )
-        runtime.commit(state, batch)
+        port.writer.commit(state, batch)
 
 
 def _call_cancel_operation(
@@ -176,13 +174,13 @@ def _call_cancel_operation(
         kwargs["idempotency_key"] = step.idempotency_key
     if "external_effect_id" in params:
         kwargs["external_effect_id"] = step.external_effect_id
-    result = context._call_sync(requests.Invoke(canceller, (), kwargs, canceller.contract.timeout))
+    result = driver.call_sync(requests.Invoke(canceller, (), kwargs, canceller.contract.timeout))
     if result.error is not None:
         return None, outcomes.error_of(result.error)
     return result.value, None
 
 
-def cancel_calls_in_flight(runtime: Runtime, run: records.RunRecord) -> list[str]:
+def cancel_calls_in_flight(port: Port, run: records.RunRecord) -> list[str]:
     """A run another worker executes: ask the provider to stop the calls it is in the middle of,
     where their tools declare a cancel operation. Only the request is recorded here; the worker
     classifies each call when it lands (the provider's answer says whether it took effect).
@@ -190,19 +188,19 @@ def cancel_calls_in_flight(runtime: Runtime, run: records.RunRecord) -> list[str
     Returns the effect ids in flight.
     """
     flying = []
-    now = runtime.clock()
+    now = port.clock()
     batch = Batch(run.run_id, lease_token=None)
-    for step in runtime.store.steps(run.run_id):
+    for step in port.store.steps(run.run_id):
         if step.status is not StepStatus.INTENT_RECORDED or step.effect_id is None:
             continue
         flying.append(step.effect_id)
         try:
-            tool = runtime.registry.tool(step.tool)
+            tool = port.registry.tool(step.tool)
         except errors.ContractError:
             continue
         if tool.contract.cancel is None:
             continue
-        canceller = runtime.registry.tool(tool.contract.cancel)
+        canceller = port.registry.tool(tool.contract.cancel)
         answer, error = _call_cancel_operation(canceller, step)
         batch.event(
             "cancel_call",
@@ -215,11 +213,11 @@ def cancel_calls_in_flight(runtime: Runtime, run: records.RunRecord) -> list[str
             in_flight=True,
         )
     if not batch.empty:
-        runtime.store.apply(batch, lease_ttl=runtime.lease_ttl, now=now)
+        port.store.apply(batch, lease_ttl=port.lease_ttl, now=now)
     return flying
 
 
-def _settle_unknowns(runtime: Runtime, state: state_mod.RunState) -> None:
+def _settle_unknowns(port: Port, state: state_mod.RunState) -> None:
     """Unknown effects are queued for confirmation: one lookup now where a lookup tool exists.
 
     A cancelled run never *retries* a call: a lookup that finds nothing records ``not_committed``
@@ -228,13 +226,13 @@ def _settle_unknowns(runtime: Runtime, state: state_mod.RunState) -> None:
     for step in list(state.steps.values()):
         if step.status not in records.IN_DOUBT_STATUSES or step.compensates is not None:
             continue
-        machine = engine.StepMachine.for_recorded(state, step, runtime.registry)
+        machine = engine.StepMachine.for_recorded(port, state, step)
         if machine is None or machine.contract.confirm is None:
             continue
         machine._close_orphan_attempts(step)
         verdict = decision.decide(Situation.IN_DOUBT, machine._facts(step))
         try:
-            context.drive(state, machine._lookup(step, verdict))
+            driver.drive(port, state, machine._lookup(step, verdict))
         except errors.ContractError:
             continue
 
@@ -242,7 +240,7 @@ def _settle_unknowns(runtime: Runtime, state: state_mod.RunState) -> None:
 # -- compensation ---------------------------------------------------------------------------------
 
 
-def _compensate(runtime: Runtime, state: state_mod.RunState, trigger: str) -> str | None:
+def _compensate(port: Port, state: state_mod.RunState, trigger: str) -> str | None:
     """Run the compensations the policy calls for, newest effect first.
 
     Returns the step id that has to wait (approval or a person), or None when nothing waits.
@@ -254,13 +252,13 @@ def _compensate(runtime: Runtime, state: state_mod.RunState, trigger: str) -> st
     )
     for step in originals:
         assert step.effect_id is not None
-        effect = runtime.store.get_effect(step.effect_id)
+        effect = port.store.get_effect(step.effect_id)
         if effect is None or effect.status not in _HAPPENED:
             continue
         if effect.compensation_status == "compensated":
             continue
         try:
-            tool = runtime.registry.tool(step.tool)
+            tool = port.registry.tool(step.tool)
         except errors.ContractError:
             continue
         sc: StepContract | None = state.workflow.steps.get(step.step_id)
@@ -272,15 +270,16 @@ def _compensate(runtime: Runtime, state: state_mod.RunState, trigger: str) -> st
         )
         verdict = decision.decide(Situation.GOAL_ABANDONED, facts)
         if verdict.action is Action.KEEP_EFFECT:
-            _keep(state, step, effect, verdict, trigger)
+            _keep(port, state, step, effect, verdict, trigger)
             continue
-        waiting = _run_compensation(runtime, state, step, effect, tool, verdict)
+        waiting = _run_compensation(port, state, step, effect, tool, verdict)
         if waiting is not None:
             return waiting
     return None
 
 
 def _keep(
+    port: Port,
     state: state_mod.RunState,
     step: records.StepRecord,
     effect: records.EffectRecord,
@@ -290,7 +289,7 @@ def _keep(
     """An effect with no compensation (or whose trigger does not match) stays a confirmed fact."""
     if effect.compensation_status == "kept":
         return
-    now = state.now()
+    now = port.clock()
     batch = state.batch()
     if effect.compensation_status == "not_required":  # nothing could ever answer it: say so once
         kept = dataclasses.replace(
@@ -309,11 +308,11 @@ def _keep(
         reason=verdict.reason,
         trigger=trigger,
     )
-    state.runtime.commit(state, batch)
+    port.writer.commit(state, batch)
 
 
 def _run_compensation(
-    runtime: Runtime,
+    port: Port,
     state: state_mod.RunState,
     step: records.StepRecord,
     effect: records.EffectRecord,
@@ -323,24 +322,24 @@ def _run_compensation(
     compensation = tool.contract.compensation
     assert compensation is not None
     comp_step_id = compensation_step_id(step.step_id)
-    comp_tool = runtime.registry.tool(compensation.tool_ref)
+    comp_tool = port.registry.tool(compensation.tool_ref)
     existing = state.steps.get(comp_step_id)
     if existing is not None and existing.status is StepStatus.CONFIRMED:
         return None
-    problem = _compensation_problem(state, effect, compensation.deadline_seconds, existing)
+    problem = _compensation_problem(port, state, effect, compensation.deadline_seconds, existing)
     if problem is not None:
-        return _compensation_failed(state, step, effect, comp_step_id, problem)
+        return _compensation_failed(port, state, step, effect, comp_step_id, problem)
     try:
         kwargs = _compensation_arguments(comp_tool, compensation.param, effect, step)
     except errors.ContractError as exc:
-        return _compensation_failed(state, step, effect, comp_step_id, exc.message)
+        return _compensation_failed(port, state, step, effect, comp_step_id, exc.message)
     if existing is not None:  # decided before (then paused or crashed): continue it
         batch = state.batch()
     else:
         batch = state.batch()
         batch.event(
             "compensation_decided",
-            state.now(),
+            port.clock(),
             step_id=step.step_id,
             effect_id=effect.effect_id,
             compensation_step=comp_step_id,
@@ -350,6 +349,7 @@ def _run_compensation(
         )
     state.pending.absorb(batch)
     machine = engine.StepMachine(
+        port,
         state,
         comp_step_id,
         comp_tool,
@@ -360,19 +360,20 @@ def _run_compensation(
         compensates=effect,
     )
     try:
-        context.drive(state, machine.run())
+        driver.drive(port, state, machine.run())
     except requests.Suspend:
         return comp_step_id
     except errors.StepFailed as exc:
         declined = state.steps.get(comp_step_id)
         if declined is not None and (declined.error or {}).get("code") == "approval_declined":
-            _compensation_declined(state, step, effect, comp_step_id, declined.error or {})
+            _compensation_declined(port, state, step, effect, comp_step_id, declined.error or {})
             return None
-        return _compensation_failed(state, step, effect, comp_step_id, exc.message)
+        return _compensation_failed(port, state, step, effect, comp_step_id, exc.message)
     return None
 
 
 def _compensation_declined(
+    port: Port,
     state: state_mod.RunState,
     step: records.StepRecord,
     effect: records.EffectRecord,
@@ -382,6 +383,7 @@ def _compensation_declined(
     """A person declined the compensation (``rt.reject``): the effect stands, kept by that
     decision — nothing failed, and nobody is asked again."""
     _mark_compensation(
+        port,
         state,
         step,
         effect,
@@ -395,6 +397,7 @@ def _compensation_declined(
 
 
 def _mark_compensation(
+    port: Port,
     state: state_mod.RunState,
     step: records.StepRecord,
     effect: records.EffectRecord,
@@ -404,9 +407,9 @@ def _mark_compensation(
     **detail: Any,
 ) -> None:
     """Record where an effect's compensation stands, on the effect and its step, with its event."""
-    now = state.now()
+    now = port.clock()
     batch = state.batch()
-    fresh = state.runtime.store.get_effect(effect.effect_id) or effect
+    fresh = port.store.get_effect(effect.effect_id) or effect
     batch.effect(
         dataclasses.replace(
             fresh,
@@ -427,10 +430,11 @@ def _mark_compensation(
     state.steps[step.step_id] = owner
     batch.step(owner)
     batch.event(event, now, step_id=step.step_id, effect_id=effect.effect_id, **detail)
-    state.runtime.commit(state, batch)
+    port.writer.commit(state, batch)
 
 
 def _compensation_problem(
+    port: Port,
     state: state_mod.RunState,
     effect: records.EffectRecord,
     deadline: float | None,
@@ -446,7 +450,7 @@ def _compensation_problem(
         deadline is not None
         and not started
         and effect.committed_at is not None
-        and state.now() > effect.committed_at + deadline
+        and port.clock() > effect.committed_at + deadline
     ):
         return f"the compensation deadline ({deadline:.0f} s after the effect) has passed"
     return None
@@ -488,6 +492,7 @@ def _compensation_arguments(
 
 
 def _compensation_failed(
+    port: Port,
     state: state_mod.RunState,
     step: records.StepRecord,
     effect: records.EffectRecord,
@@ -496,6 +501,7 @@ def _compensation_failed(
 ) -> str:
     """A failed or impossible compensation goes to a person; the original stays confirmed."""
     _mark_compensation(
+        port,
         state,
         step,
         effect,
@@ -512,16 +518,16 @@ def _compensation_failed(
 
 
 def _conclude(
-    runtime: Runtime, state: state_mod.RunState, kind: str, waiting: str | None
+    port: Port, state: state_mod.RunState, kind: str, waiting: str | None
 ) -> records.RunRecord:
     run = state.run
-    inv = inventory(runtime, run)
+    inv = inventory(port, run)
     failed = [
         s.step_id for s in state.steps.values() if s.compensation_status == "compensation_failed"
     ]
     originals = [
         e
-        for e in runtime.store.effects(tenant=None, run_id=run.run_id, limit=100_000)
+        for e in port.store.effects(tenant=None, run_id=run.run_id, limit=100_000)
         if e.compensates is None and e.status in _HAPPENED
     ]
     all_compensated = bool(originals) and all(
@@ -557,7 +563,7 @@ def _conclude(
             "step_id": waiting or (failed[0] if failed else None),
             "unknown_effects": inv.unknown,
         }
-    now = state.now()
+    now = port.clock()
     batch = state.batch()
     batch.run_changes.update(
         status=status,
@@ -577,8 +583,8 @@ def _conclude(
             compensation_pending=inv.compensation_pending,
             cancelled_steps=inv.cancelled_steps,
         )
-    runtime.commit(state, batch)
-    return runtime.run(run.run_id)
+    port.writer.commit(state, batch)
+    return port.run(run.run_id)
 
 
 def _why(waiting: str | None, failed: list[str], unknown: list[str]) -> str:

@@ -24,7 +24,6 @@ from collections.abc import Generator, Mapping
 from typing import Any
 
 from effectflow import digests, errors
-from effectflow.contracts.registry import Registry
 from effectflow.contracts.tool import CommitSemantics, EffectClass, Tool
 from effectflow.contracts.workflow import StepContract
 from effectflow.ledger import records
@@ -35,6 +34,7 @@ from effectflow.policies.decision import Action, Situation
 from effectflow.runtime import outcomes, requests, settle
 from effectflow.runtime import state as state_mod
 from effectflow.runtime.faults import FaultPoint
+from effectflow.runtime.port import Port
 from effectflow.runtime.settle import SettleMixin
 from effectflow.runtime.simple_steps import SimpleStepsMixin
 
@@ -47,6 +47,7 @@ class StepMachine(SettleMixin, SimpleStepsMixin):
 
     def __init__(
         self,
+        port: Port,
         state: state_mod.RunState,
         step_id: str,
         tool: Tool[..., Any],
@@ -78,6 +79,7 @@ class StepMachine(SettleMixin, SimpleStepsMixin):
                 run_id=state.run.run_id,
                 step_id=step_id,
             )
+        self.port = port
         self.state = state
         self.step_id = step_id
         self.tool = tool
@@ -95,15 +97,22 @@ class StepMachine(SettleMixin, SimpleStepsMixin):
 
     @classmethod
     def for_recorded(
-        cls, state: state_mod.RunState, step: records.StepRecord, registry: Registry
+        cls, port: Port, state: state_mod.RunState, step: records.StepRecord
     ) -> StepMachine | None:
         """A machine for a recorded step, to settle it (lookup) without its call's arguments."""
         try:
-            tool = registry.tool(step.tool)
+            tool = port.registry.tool(step.tool)
         except errors.ContractError:
             return None
         machine = cls(
-            state, step.step_id, tool, (), {}, operation_id=step.logical_operation_id, target=None
+            port,
+            state,
+            step.step_id,
+            tool,
+            (),
+            {},
+            operation_id=step.logical_operation_id,
+            target=None,
         )
         machine.key = step.idempotency_key or ""
         machine.request_digest = step.request_digest
@@ -122,7 +131,7 @@ class StepMachine(SettleMixin, SimpleStepsMixin):
         if st.control is not None and self.compensates is None:
             # An operator asked to cancel or compensate: no new step starts.
             raise requests.Stop(st.control)
-        if st.runtime.draining and self.compensates is None:
+        if self.port.draining.is_set() and self.compensates is None:
             raise requests.Release()
         st.seen.add(self.step_id)
         sc = self.step_contract
@@ -166,7 +175,7 @@ class StepMachine(SettleMixin, SimpleStepsMixin):
                     raise changed  # nothing left the process under the recorded request
                 # The code changed under a step that has an effect: settle that effect from its
                 # recorded request and key, then let a person decide; never fail and drop it.
-                yield from settle_unreached(st, [existing], changed.message)
+                yield from settle_unreached(self.port, st, [existing], changed.message)
             if existing.status is StepStatus.CONFIRMED:
                 st.link_previous(self.step_id, st.pending)
                 if (existing.error or {}).get("code") == "result_not_recordable":
@@ -267,6 +276,7 @@ class StepMachine(SettleMixin, SimpleStepsMixin):
             skipped = unreached(st, self.step_id)
             if skipped and self.compensates is None:
                 yield from settle_unreached(
+                    self.port,
                     st,
                     skipped,
                     f"the workflow now calls step {self.step_id} ({self.tool.ref}), which the run "
@@ -332,7 +342,7 @@ class StepMachine(SettleMixin, SimpleStepsMixin):
     def _approval_needed(self) -> bool:
         """Financial writes (by default) and non-automatic or financial compensations need one."""
         if self.compensates is not None:
-            original = self.state.runtime.registry.tool(self.compensates.tool).contract
+            original = self.port.registry.tool(self.compensates.tool).contract
             compensation = original.compensation
             return (
                 compensation is None
@@ -362,7 +372,7 @@ class StepMachine(SettleMixin, SimpleStepsMixin):
     ) -> Generator[requests.Request, Any, Any]:
         """Step 1 of the write path: the intent, durable before anything is sent."""
         st = self.state
-        store = st.runtime.store
+        store = self.port.store
         # The default operation id is this step's own, bound in the same transaction as the step
         # row: with no step row yet it cannot be bound, so the read is skipped (the insert still
         # checks the binding inside the intent's transaction).
@@ -380,7 +390,7 @@ class StepMachine(SettleMixin, SimpleStepsMixin):
                 )
             if (binding.run_id, binding.step_id) != (self.run_id, self.step_id):
                 return (yield from self._reuse_operation(binding))
-        now = st.now()
+        now = self.port.clock()
         effect_id = requests.new_id("eff")
         attempt = records.AttemptRecord(
             attempt_id=requests.new_id("att"),
@@ -469,20 +479,20 @@ class StepMachine(SettleMixin, SimpleStepsMixin):
             approval_id=None if approval is None else approval.approval_id,
             compensates=None if self.compensates is None else self.compensates.effect_id,
         )
-        st.faults.hit(FaultPoint.BEFORE_INTENT, self.step_id)
+        self.port.faults.hit(FaultPoint.BEFORE_INTENT, self.step_id)
         yield requests.Commit(batch)
         st.steps[self.step_id] = step
         st.first_attempt(attempt)
         self.effect = effect
         self.attempt = attempt
-        st.faults.hit(FaultPoint.AFTER_INTENT, self.step_id)
+        self.port.faults.hit(FaultPoint.AFTER_INTENT, self.step_id)
         return None
 
     def _bound_elsewhere(self, op_id: str) -> OperationBinding | None:
         """The binding of ``op_id`` to another step for this very request, if there is one."""
         if op_id == f"{self.run_id}/{self.step_id}":
             return None
-        binding = self.state.runtime.store.get_operation(self.state.run.tenant, op_id)
+        binding = self.port.store.get_operation(self.state.run.tenant, op_id)
         if binding is None or binding.request_digest != self.request_digest:
             return None
         if (binding.run_id, binding.step_id) == (self.run_id, self.step_id):
@@ -495,7 +505,7 @@ class StepMachine(SettleMixin, SimpleStepsMixin):
         other = next(
             (
                 s
-                for s in st.runtime.store.steps(binding.run_id)
+                for s in self.port.store.steps(binding.run_id)
                 if s.step_id == binding.step_id and s.status is StepStatus.CONFIRMED
             ),
             None,
@@ -508,7 +518,7 @@ class StepMachine(SettleMixin, SimpleStepsMixin):
                 step_id=self.step_id,
                 idempotency_key=binding.idempotency_key,
             )
-        now = st.now()
+        now = self.port.clock()
         step = records.evolve(
             self._step_record(None, StepStatus.CONFIRMED, now, output=other.output),
             logical_operation_id=binding.logical_operation_id,
@@ -541,7 +551,7 @@ class StepMachine(SettleMixin, SimpleStepsMixin):
         """Steps 2-4: call with the key, then record the outcome durably."""
         st = self.state
         if verdict is not None:  # a retry: its attempt is durable before the call, like an intent
-            now = st.now()
+            now = self.port.clock()
             attempt = self._new_attempt(records.AttemptKind.CALL, now)
             # From here the call may be in flight: a crash before its outcome is recorded must
             # leave the step in doubt (looked up), never "not committed" (sent again).
@@ -568,7 +578,7 @@ class StepMachine(SettleMixin, SimpleStepsMixin):
             attempt = st.attempts(self.step_id)[-1]
         if st.control is not None and self.compensates is None:
             yield from self._stop_before_call(step, attempt)
-        if st.lease_lost or st.now() >= st.lease_valid_until:
+        if st.lease_lost or self.port.clock() >= st.lease_valid_until:
             # Never start a call on a lease this process cannot prove it still holds: another
             # worker may already be settling this step.
             raise errors.LeaseLost(
@@ -585,10 +595,12 @@ class StepMachine(SettleMixin, SimpleStepsMixin):
             # after the tool's timeout): then a worker taking the run over knows when the call
             # can no longer land, and its lookup's "not found" becomes proof.
             window = self.contract.timeout or settle.DEFAULT_CALL_WINDOW
-            due = min(st.lease_valid_until, st.now() + window)
+            due = min(st.lease_valid_until, self.port.clock() + window)
             kwargs["deadline"] = due
             st.call_deadlines[attempt.attempt_id] = due
-        st.sent_at[attempt.attempt_id] = st.now()  # bounds count from here, not from the intent
+        st.sent_at[attempt.attempt_id] = (
+            self.port.clock()
+        )  # bounds count from here, not from the intent
         result: requests.Result = yield requests.Invoke(
             self.tool, self.args, kwargs, self.contract.timeout
         )
@@ -607,8 +619,8 @@ class StepMachine(SettleMixin, SimpleStepsMixin):
         st = self.state
         if result.pending is not None:
             st.in_flight[attempt.attempt_id] = result.pending
-        st.faults.hit(FaultPoint.AFTER_CALL_BEFORE_RECORD, self.step_id)
-        now = st.now()
+        self.port.faults.hit(FaultPoint.AFTER_CALL_BEFORE_RECORD, self.step_id)
+        now = self.port.clock()
         outcome, situation = outcomes.classify(result)
         if situation is Situation.NOT_COMMITTED and self._earlier_call_in_doubt(attempt):
             # This call provably did nothing, but an earlier one may have committed: still in doubt.
@@ -683,7 +695,7 @@ class StepMachine(SettleMixin, SimpleStepsMixin):
         yield requests.Commit(batch)
         st.steps[self.step_id] = step
         st.note_attempt(ended)
-        st.faults.hit(FaultPoint.AFTER_RECORD, self.step_id)
+        self.port.faults.hit(FaultPoint.AFTER_RECORD, self.step_id)
         if problem is not None:
             raise errors.ResultNotRecordable(
                 f"step {self.step_id}: {self.tool.ref} committed (effect {effect.effect_id}"
@@ -706,7 +718,7 @@ class StepMachine(SettleMixin, SimpleStepsMixin):
         """A cancel arrived with the intent's commit: nothing was sent, so the step is cancelled."""
         st = self.state
         assert st.control is not None
-        now = st.now()
+        now = self.port.clock()
         batch = st.batch()
         ended = records.evolve(
             attempt,
@@ -772,7 +784,7 @@ _CHANGED_NOTHING = frozenset(
 
 
 def settle_unreached(
-    state: state_mod.RunState, steps: list[records.StepRecord], why: str
+    port: Port, state: state_mod.RunState, steps: list[records.StepRecord], why: str
 ) -> Generator[requests.Request, Any, None]:
     """Settle each in-doubt step of ``steps`` from its *recorded* request and key (its lookup:
     the new code's arguments are not the ones that were sent), then pause the run for a person,
@@ -785,14 +797,14 @@ def settle_unreached(
     for step in steps:
         if step.status not in records.IN_DOUBT_STATUSES:
             continue
-        machine = StepMachine.for_recorded(state, step, state.runtime.registry)
+        machine = StepMachine.for_recorded(port, state, step)
         if machine is None or machine.contract.confirm is None:
             continue
         machine._close_orphan_attempts(step)
         verdict = decision.decide(Situation.IN_DOUBT, machine._facts(step))
         if verdict.action is Action.LOOKUP:
             yield from machine._lookup(state.steps[step.step_id], verdict)
-    now = state.now()
+    now = port.clock()
     batch = state.batch()
     listed = []
     for step in steps:
@@ -806,7 +818,7 @@ def settle_unreached(
                 next_action=NextAction.ASK_A_PERSON,
                 updated_at=now,
             )
-            effect = state.runtime.store.get_effect(effect_id)
+            effect = port.store.get_effect(effect_id)
             if effect is not None:
                 batch.effect(
                     records.evolve(

@@ -26,17 +26,16 @@ import dataclasses
 import functools
 import time
 from collections.abc import Collection, Iterator, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from effectflow import digests, errors
 from effectflow.contracts import workflow as workflow_mod
+from effectflow.contracts.registry import Registry
 from effectflow.contracts.tool import Tool
 from effectflow.ledger import records
 from effectflow.ledger.records import RunStatus, StepStatus
-
-if TYPE_CHECKING:
-    from effectflow.runtime.context import Context
-    from effectflow.runtime.runtime import Runtime
+from effectflow.ledger.store import LedgerStore
+from effectflow.runtime.context import Context
 
 #: The built-in workflow every guarded call runs as.
 WORKFLOW_NAME = "effectflow.guarded_call"
@@ -54,6 +53,41 @@ IN_PROGRESS_WAIT = 30.0
 MAX_HOST_ID_BYTES = 2048
 #: The largest canonical arguments of a guarded call (the limit of every recorded step).
 MAX_PAYLOAD_BYTES = 1_000_000
+
+
+class Host(Protocol):
+    """What a guarded call needs of its runtime (``ef.Runtime`` is one): it starts and resumes
+    the call's run like any caller of the public API."""
+
+    @property
+    def tenant(self) -> str:
+        """The tenant of the call's run."""
+        ...
+
+    @property
+    def store(self) -> LedgerStore:
+        """The ledger (the scope's earlier calls are read from it)."""
+        ...
+
+    @property
+    def registry(self) -> Registry:
+        """Where the call's tool is found by name."""
+        ...
+
+    def start(
+        self,
+        workflow: workflow_mod.Workflow[..., Any],
+        /,
+        *,
+        run_id: str | None = None,
+        **input: Any,
+    ) -> records.RunRecord:
+        """``Runtime.start``."""
+        ...
+
+    def resume(self, run_id: str, *, by: str = "runtime") -> records.RunRecord:
+        """``Runtime.resume``."""
+        ...
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,14 +120,14 @@ def _run(
     Two calls of one operation that reach their intents at the same moment (a call and its
     regenerated copy, from two hosts) cannot both bind it: the ledger refuses the second binding
     in its transaction. That one then waits for the first to settle and is answered by it."""
-    made = ctx._state.runtime.registry.tool(tool)
+    made = ctx._port.registry.tool(tool)
     op_id = operation or operation_id(made, arguments, scope, call_id, new_request=new_request)
     deadline = time.monotonic() + IN_PROGRESS_WAIT
     while True:
         try:
             return ctx.call(STEP_ID, made, operation_id=op_id, **arguments)
         except errors.IdempotencyConflict:
-            store, tenant = ctx._state.runtime.store, ctx._state.run.tenant
+            store, tenant = ctx._port.store, ctx._state.run.tenant
             binding = store.get_operation(tenant, op_id)
             if (
                 binding is None
@@ -165,7 +199,7 @@ def _json_values_only(value: Any, path: str) -> None:
             stack.extend((v, f"{where}[{i}]") for i, v in enumerate(item))
 
 
-def _checked(rt: Runtime, tool: Tool[..., Any] | str, scope: Any, call_id: Any) -> Tool[..., Any]:
+def _checked(rt: Host, tool: Tool[..., Any] | str, scope: Any, call_id: Any) -> Tool[..., Any]:
     """The tool to call, after refusing what cannot be a guarded call (nothing is recorded)."""
     for name, value in (("scope", scope), ("call_id", call_id)):
         if not isinstance(value, str) or not value.strip():
@@ -219,7 +253,7 @@ def _checked(rt: Runtime, tool: Tool[..., Any] | str, scope: Any, call_id: Any) 
 
 
 def call(
-    rt: Runtime,
+    rt: Host,
     tool: Tool[..., Any] | str,
     arguments: Mapping[str, Any],
     *,
@@ -293,7 +327,7 @@ def call(
 
 
 async def call_async(
-    rt: Runtime,
+    rt: Host,
     tool: Tool[..., Any] | str,
     arguments: Mapping[str, Any],
     *,
@@ -331,7 +365,7 @@ _HAPPENED = frozenset(
 
 
 def _decide_operation(
-    rt: Runtime,
+    rt: Host,
     tool: Tool[..., Any],
     arguments: dict[str, Any],
     scope: str,
@@ -374,7 +408,7 @@ def _decide_operation(
 
 
 def _same_calls(
-    rt: Runtime, tool: Tool[..., Any], arguments: dict[str, Any], scope: str, run_id: str
+    rt: Host, tool: Tool[..., Any], arguments: dict[str, Any], scope: str, run_id: str
 ) -> list[records.RunRecord]:
     """The scope's other guarded calls of this tool with these canonical arguments, oldest
     first (a scope — a thread, a session — holds few calls; its runs are indexed by scope)."""
@@ -389,7 +423,7 @@ def _same_calls(
     return sorted(found, key=lambda r: r.created_at)
 
 
-def _recorded_operation(rt: Runtime, tool: Tool[..., Any], run: records.RunRecord) -> str:
+def _recorded_operation(rt: Host, tool: Tool[..., Any], run: records.RunRecord) -> str:
     """The operation a guarded call recorded before ``input["operation"]`` existed."""
     step = next((s for s in rt.store.steps(run.run_id) if s.step_id == STEP_ID), None)
     if step is not None and step.logical_operation_id:
@@ -404,7 +438,7 @@ def _recorded_operation(rt: Runtime, tool: Tool[..., Any], run: records.RunRecor
 
 
 def _settled_earlier_call(
-    rt: Runtime,
+    rt: Host,
     tool: Tool[..., Any],
     scope: str,
     original: records.RunRecord,
@@ -458,7 +492,7 @@ def _still_running(tool: Tool[..., Any], scope: str, original: records.RunRecord
         ) from None
 
 
-def answer(rt: Runtime, run: records.RunRecord) -> Guarded:
+def answer(rt: Host, run: records.RunRecord) -> Guarded:
     """What the host gets for the guarded call's run as it stands."""
     if run.status is RunStatus.PAUSED and (_settled_since(rt, run) or _in_doubt(run)):
         # Settled by a person since: go on. Still in doubt: a replay looks it up once more (the
@@ -511,7 +545,7 @@ def _in_doubt(run: records.RunRecord) -> bool:
     return (run.error or {}).get("code") == "needs_attention"
 
 
-def _settled_since(rt: Runtime, run: records.RunRecord) -> bool:
+def _settled_since(rt: Host, run: records.RunRecord) -> bool:
     """Whether the step a paused guarded call waited on was settled by a person since."""
     step = next((s for s in rt.store.steps(run.run_id) if s.step_id == STEP_ID), None)
     return step is not None and step.status in (StepStatus.CONFIRMED, StepStatus.NOT_COMMITTED)

@@ -18,6 +18,7 @@ from effectflow.ledger import records
 from effectflow.ledger.records import NextAction, Outcome, StepStatus
 from effectflow.ledger.store import Batch
 from effectflow.runtime import outcomes, requests
+from effectflow.runtime.port import Port
 
 if TYPE_CHECKING:
     from effectflow.runtime.machine import MachineBase
@@ -28,7 +29,7 @@ log = logging.getLogger(__name__)
 def record_when_done(machine: MachineBase, attempt: records.AttemptRecord, handle: Any) -> None:
     """Record the answer of ``attempt``'s still-running call once it ends (``handle`` is the
     driver's future)."""
-    rt = machine.state.runtime
+    port = machine.port
     effect_id_field = machine.contract.effect_id
     recordable = machine._recordable_result
 
@@ -42,7 +43,7 @@ def record_when_done(machine: MachineBase, attempt: records.AttemptRecord, handl
             log.warning("late call %s ended without an answer: %r", attempt.attempt_id, exc)
             return
         try:
-            _record(rt, attempt, result, effect_id_field, recordable)
+            _record(port, attempt, result, effect_id_field, recordable)
         except Exception:
             log.exception("could not record the late answer of call %s", attempt.attempt_id)
 
@@ -50,20 +51,20 @@ def record_when_done(machine: MachineBase, attempt: records.AttemptRecord, handl
 
 
 def _record(
-    rt: Any,
+    port: Port,
     attempt: records.AttemptRecord,
     result: requests.Result,
     effect_id_field: str | None,
     recordable: Any,
 ) -> None:
-    store = rt.store
+    store = port.store
     step = next((s for s in store.steps(attempt.run_id) if s.step_id == attempt.step_id), None)
     if step is None or step.effect_id is None:
         return
     effect = store.get_effect(step.effect_id)
     if effect is None:
         return
-    now = rt.clock()
+    now = port.clock()
     outcome, _ = outcomes.classify(result)
     error = None if result.error is None else outcomes.error_of(result.error)
     output: Any = None
@@ -143,7 +144,7 @@ def _record(
         detail["effect_status"] = effect.status.value
     batch.event("outcome", now, step_id=step.step_id, effect_id=effect.effect_id, **detail)
     try:
-        store.apply(batch, lease_ttl=rt.lease_ttl, now=now)
+        store.apply(batch, lease_ttl=port.lease_ttl, now=now)
     except errors.StaleState:
         # The effect moved on in between: record the late answer as a fact beside it.
         retry = Batch(attempt.run_id, lease_token=None)
@@ -155,4 +156,4 @@ def _record(
             effect_id=effect.effect_id,
             **{k: v for k, v in detail.items() if k not in ("confirmed",)},
         )
-        store.apply(retry, lease_ttl=rt.lease_ttl, now=now)
+        store.apply(retry, lease_ttl=port.lease_ttl, now=now)

@@ -19,13 +19,15 @@ its writes.
 from __future__ import annotations
 
 import logging
+import os
+import socket
 import threading
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
+from effectflow.ledger import records
+from effectflow.ledger.records import RunStatus
+from effectflow.ledger.store import LedgerStore
 from effectflow.runtime import state as state_mod
-
-if TYPE_CHECKING:
-    from effectflow.runtime.runtime import Runtime
 
 log = logging.getLogger(__name__)
 
@@ -36,11 +38,59 @@ DEFAULT_LEASE_TTL = 30.0
 _STOPPED_MEMORY = 10_000
 
 
+def host() -> str:
+    """This machine's name, the first part of a lease owner (``host:pid:nonce``)."""
+    return socket.gethostname()
+
+
+def owner_alive(owner: str) -> bool:
+    """Whether a lease owner (``host:pid:nonce``) may still be alive.
+
+    On this host a dead pid proves the owner crashed, so its runs are recoverable at once instead of
+    after the lease expires. On another host only the lease's expiry can tell.
+    """
+    owner_host, _, rest = owner.partition(":")
+    pid_text = rest.split(":", 1)[0]
+    if owner_host != host() or not pid_text.isdigit():
+        return True
+    pid = int(pid_text)
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return _pid_is_running(pid)
+
+
+def _pid_is_running(pid: int) -> bool:
+    # A killed child that was not reaped yet is a zombie: it exists but will never write again.
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return True
+
+
+def held_elsewhere(run: records.RunRecord, now: float) -> bool:
+    """Whether a live worker (another process, or another thread here) executes the run."""
+    return (
+        run.status in (RunStatus.RUNNING, RunStatus.CANCELLING)
+        and run.lease_owner is not None
+        and (run.lease_expires_at or 0) > now
+        and owner_alive(run.lease_owner)
+    )
+
+
 class Leases:
     """The runs this runtime holds, and the heartbeat that keeps their leases."""
 
-    def __init__(self, runtime: Runtime) -> None:
-        self._runtime = runtime
+    def __init__(self, store: LedgerStore, *, clock: Callable[[], float], ttl: float) -> None:
+        self._store = store
+        self._clock = clock
+        self._ttl = ttl
         self._held: dict[str, state_mod.RunState] = {}
         # Runs this runtime executed and stopped executing, oldest first (a bounded memory: a run
         # forgotten here is still recovered once its lease expires).
@@ -92,16 +142,15 @@ class Leases:
         states = self.held()
         if not states:
             return []
-        rt = self._runtime
-        renewed = rt.clock()
-        lost = rt.store.heartbeat(
+        renewed = self._clock()
+        lost = self._store.heartbeat(
             [(s.run.run_id, s.run.lease_token) for s in states],
-            ttl=rt.lease_ttl,
+            ttl=self._ttl,
             now=renewed,
         )
         for state in states:
             if state.run.run_id not in lost:
-                state.lease_valid_until = renewed + rt.lease_ttl
+                state.lease_valid_until = renewed + self._ttl
         for run_id in lost:
             for state in states:
                 if state.run.run_id == run_id:
@@ -119,7 +168,7 @@ class Leases:
             thread.join(timeout=5)
 
     def _beat(self) -> None:
-        interval = max(0.05, self._runtime.lease_ttl / 3)
+        interval = max(0.05, self._ttl / 3)
         while not self._wake.wait(interval):
             try:
                 self.beat()

@@ -19,6 +19,7 @@ from effectflow.policies import decision
 from effectflow.policies.decision import Situation
 from effectflow.runtime import outcomes, requests
 from effectflow.runtime import state as state_mod
+from effectflow.runtime.port import Port
 
 #: Largest canonical result recorded for one step; a larger one is confirmed by its digest.
 MAX_RESULT_BYTES = 1_000_000
@@ -27,6 +28,7 @@ MAX_RESULT_BYTES = 1_000_000
 class MachineBase:
     """State and helpers of one ``ctx.call`` (or one compensation) on its way to a decided outcome."""
 
+    port: Port
     state: state_mod.RunState
     step_id: str
     tool: Tool[..., Any]
@@ -151,7 +153,7 @@ class MachineBase:
         if cached is not None and cached.effect_id == step.effect_id:
             return cached
         assert step.effect_id is not None
-        found = self.state.runtime.store.get_effect(step.effect_id)
+        found = self.port.store.get_effect(step.effect_id)
         if found is None:  # pragma: no cover - the ledger wrote both in one transaction
             raise errors.EffectNotFound(
                 f"effect {step.effect_id} of step {self.step_id} is missing from the ledger",
@@ -206,7 +208,7 @@ class MachineBase:
         if contract.idempotency.supported:
             # Key-based dedup: only while the provider still remembers the key (its retention);
             # past it a retry could duplicate.
-            age = self.state.now() - step.created_at
+            age = self.port.clock() - step.created_at
             idempotent = self.tool.takes_key and age < contract.idempotency.retention_seconds
         else:
             # Natural dedup (an upsert by a natural id, a PUT of the whole state).
@@ -242,7 +244,7 @@ class MachineBase:
         if completion is None or step.status is not StepStatus.AWAITING_COMPLETION:
             return False
         accepted = self._effect(step).committed_at or step.updated_at
-        return self.state.now() >= accepted + completion.deadline_seconds
+        return self.port.clock() >= accepted + completion.deadline_seconds
 
     def _situation_of(self, step: records.StepRecord) -> Situation:
         status = step.status
@@ -272,7 +274,7 @@ class MachineBase:
     def _close_orphan_attempts(self, step: records.StepRecord) -> None:
         """Attempts a crashed process left open are unknown: say so (rides with the next commit)."""
         st = self.state
-        now = st.now()
+        now = self.port.clock()
         for attempt in st.attempts(self.step_id):
             if attempt.outcome is None:
                 closed = outcomes.lost_in_flight(attempt, now)

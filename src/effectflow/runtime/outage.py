@@ -15,13 +15,10 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, TypeVar
+from typing import TypeVar
 
 from effectflow import errors
-from effectflow.ledger.store import Batch
-
-if TYPE_CHECKING:
-    from effectflow.runtime.runtime import Runtime
+from effectflow.ledger.store import Batch, LedgerStore
 
 log = logging.getLogger(__name__)
 
@@ -33,9 +30,9 @@ FIRST_PAUSE = 0.05
 LONGEST_PAUSE = 2.0
 
 
-def is_outage(rt: Runtime, exc: BaseException) -> bool:
+def is_outage(store: LedgerStore, exc: BaseException) -> bool:
     """Whether ``exc`` says the ledger was unreachable or unwritable (not that it refused data)."""
-    return isinstance(exc, rt.store.transient_errors)
+    return isinstance(exc, store.transient_errors)
 
 
 def unavailable(run_id: str, exc: BaseException, waited: float = 0.0) -> errors.LedgerUnavailable:
@@ -50,35 +47,64 @@ def unavailable(run_id: str, exc: BaseException, waited: float = 0.0) -> errors.
     )
 
 
-def _retryable(rt: Runtime, batch: Batch, exc: Exception, started: float) -> None:
-    """Return when ``exc`` is an outage the write may ride out; raise otherwise."""
-    if not is_outage(rt, exc):
-        raise exc
-    waited = rt.clock() - started
-    if not batch.deferrable or waited >= rt.ledger_retry:
-        raise unavailable(batch.run_id, exc, waited) from exc
-    log.warning("run %s: ledger write failed (%s); retrying", batch.run_id, exc)
+class _RideOut:
+    """The retry policy of one write, shared by the blocking and the asyncio driver."""
+
+    def __init__(
+        self, store: LedgerStore, batch: Batch, clock: Callable[[], float], patience: float
+    ) -> None:
+        self._store = store
+        self._batch = batch
+        self._clock = clock
+        self._patience = patience
+        self._started = clock()
+        self._pause = FIRST_PAUSE
+
+    def pause_after(self, exc: Exception) -> float:
+        """How long to pause before writing again after ``exc``: only an outcome batch
+        (``deferrable``) rides an outage out, for ``patience`` seconds; anything else raises."""
+        if not is_outage(self._store, exc):
+            raise exc
+        waited = self._clock() - self._started
+        if not self._batch.deferrable or waited >= self._patience:
+            raise unavailable(self._batch.run_id, exc, waited) from exc
+        log.warning("run %s: ledger write failed (%s); retrying", self._batch.run_id, exc)
+        pause, self._pause = self._pause, min(self._pause * 2, LONGEST_PAUSE)
+        return pause
 
 
-def write(rt: Runtime, batch: Batch, apply: Callable[[], T]) -> T:
-    """``apply()`` the batch; an outcome batch (``deferrable``) is retried through an outage."""
-    started, pause = rt.clock(), FIRST_PAUSE
+def write(
+    store: LedgerStore,
+    batch: Batch,
+    apply: Callable[[], T],
+    *,
+    clock: Callable[[], float],
+    patience: float,
+) -> T:
+    """``apply()`` the batch; an outcome batch (``deferrable``) is retried through an outage for
+    ``patience`` seconds (the runtime's ``ledger_retry``)."""
+    ride = _RideOut(store, batch, clock, patience)
     while True:
         try:
             return apply()
         except Exception as exc:
-            _retryable(rt, batch, exc, started)
+            pause = ride.pause_after(exc)
         time.sleep(pause)
-        pause = min(pause * 2, LONGEST_PAUSE)
 
 
-async def write_async(rt: Runtime, batch: Batch, apply: Callable[[], Awaitable[T]]) -> T:
+async def write_async(
+    store: LedgerStore,
+    batch: Batch,
+    apply: Callable[[], Awaitable[T]],
+    *,
+    clock: Callable[[], float],
+    patience: float,
+) -> T:
     """``write`` for the asyncio driver: the pauses do not block the event loop."""
-    started, pause = rt.clock(), FIRST_PAUSE
+    ride = _RideOut(store, batch, clock, patience)
     while True:
         try:
             return await apply()
         except Exception as exc:
-            _retryable(rt, batch, exc, started)
+            pause = ride.pause_after(exc)
         await asyncio.sleep(pause)
-        pause = min(pause * 2, LONGEST_PAUSE)

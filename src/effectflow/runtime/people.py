@@ -1,5 +1,5 @@
-"""A person's decisions: settling an unknown effect (``rt.resolve``) and approving a step
-(``rt.approve``). Both are pinned, fenced and audited: a stale version or a reused id is refused, and
+"""A person's decisions: settling an unknown effect (``port.resolve``) and approving a step
+(``port.approve``). Both are pinned, fenced and audited: a stale version or a reused id is refused, and
 the decision revokes any worker's lease so a zombie cannot write over it.
 
 Both are compare-and-swap (DESIGN §9): what a decision was made on (the effect's version and status,
@@ -12,16 +12,14 @@ only give the early, precise refusal; they are repeated where it counts.
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from effectflow import digests, errors
 from effectflow.ledger import records
 from effectflow.ledger.records import NextAction, RunStatus, StepStatus
 from effectflow.ledger.store import Batch, DecisionRecord
-from effectflow.runtime import ending, outcomes, requests
-
-if TYPE_CHECKING:
-    from effectflow.runtime.runtime import Runtime
+from effectflow.runtime import ending, leases, outcomes, requests
+from effectflow.runtime.port import Port
 
 
 def _awaits_approval(step: records.StepRecord) -> bool:
@@ -31,7 +29,7 @@ def _awaits_approval(step: records.StepRecord) -> bool:
 
 
 def resolve(
-    rt: Runtime,
+    port: Port,
     effect_id: str,
     *,
     committed: bool,
@@ -39,26 +37,27 @@ def resolve(
     by: str,
     expected_version: int | None = None,
     decision_id: str | None = None,
-) -> records.EffectRecord:
-    """``Runtime.resolve`` (documented there)."""
+) -> tuple[records.EffectRecord, bool]:
+    """``Runtime.resolve`` (documented there): the effect as decided, and whether its run waited
+    only for this answer (a cancelled run, which the caller resumes to give it its end state)."""
     if not by:
         raise errors.ArgumentError("resolve needs `by`: the person (or system) deciding")
     digests.check_id(by, path="by")
     if decision_id is not None:
         digests.check_id(decision_id, path="decision_id")
     evidence = digests.to_jsonable(evidence, path="evidence")
-    effect = rt.store.get_effect(effect_id, tenant=rt.tenant)
+    effect = port.store.get_effect(effect_id, tenant=port.tenant)
     if effect is None:
         raise errors.EffectNotFound(
-            f"no effect {effect_id} in tenant {rt.tenant}", effect_id=effect_id
+            f"no effect {effect_id} in tenant {port.tenant}", effect_id=effect_id
         )
     params = digests.digest(
         {"effect_id": effect_id, "committed": committed, "evidence": evidence, "by": by}
     )
     if decision_id is not None:
-        replayed = _replayed_decision(rt, decision_id, params, effect_id)
+        replayed = _replayed_decision(port, decision_id, params, effect_id)
         if replayed is not None:
-            return replayed
+            return replayed, False
     if expected_version is not None and expected_version != effect.version:
         raise errors.StaleState(
             f"effect {effect_id} is at version {effect.version}, not {expected_version}; "
@@ -72,21 +71,21 @@ def resolve(
             effect_id=effect_id,
             run_id=effect.run_id,
         )
-    run = rt._require_run(effect.run_id)
-    now = rt.clock()
+    run = port.run(effect.run_id)
+    now = port.clock()
     if (
         run.status is RunStatus.RUNNING
         and run.lease_owner
         and (run.lease_expires_at or 0) > now
-        and rt.owner_alive(run.lease_owner)
+        and leases.owner_alive(run.lease_owner)
     ):
         raise errors.StaleState(
             f"run {run.run_id} is being executed by {run.lease_owner}; wait until it pauses",
             run_id=run.run_id,
             effect_id=effect_id,
         )
-    step = next(s for s in rt.store.steps(run.run_id) if s.step_id == effect.step_id)
-    attempts = rt.store.attempts(run.run_id, step.step_id)
+    step = next(s for s in port.store.steps(run.run_id) if s.step_id == effect.step_id)
+    attempts = port.store.attempts(run.run_id, step.step_id)
     batch = Batch(run.run_id, lease_token=None)
     # What the decision was made on, checked where it is recorded: the effect's version and status,
     # the step as read (no worker moved it), and the lease token it revokes (no worker claimed the
@@ -122,7 +121,7 @@ def resolve(
     if committed:
         ext_id = evidence.get("external_effect_id", effect.external_effect_id)
         ext_id = None if ext_id is None else str(ext_id)
-        output = confirmed_output(evidence, ext_id, _effect_id_field(rt, effect))
+        output = confirmed_output(evidence, ext_id, _effect_id_field(port, effect))
         new_effect = dataclasses.replace(
             effect,
             status=StepStatus.CONFIRMED,
@@ -162,7 +161,7 @@ def resolve(
     batch.effect(new_effect)
     batch.step(new_step)
     if decision_id is not None:
-        batch.decisions.append(DecisionRecord(decision_id, rt.tenant, params, effect_id, now))
+        batch.decisions.append(DecisionRecord(decision_id, port.tenant, params, effect_id, now))
     batch.event(
         "resolution",
         now,
@@ -175,19 +174,17 @@ def resolve(
         previous_status=effect.status.value,
     )
     try:
-        rt.store.apply(batch, lease_ttl=rt.lease_ttl, now=now)
+        port.store.apply(batch, lease_ttl=port.lease_ttl, now=now)
     except (errors.StaleState, errors.IdempotencyConflict):
         # Another decision was recorded first. The same decision (same id, same parameters)
         # recorded by a concurrent call is this one's answer too; anything else is refused.
         if decision_id is not None:
-            replayed = _replayed_decision(rt, decision_id, params, effect_id)
+            replayed = _replayed_decision(port, decision_id, params, effect_id)
             if replayed is not None:
-                return replayed
+                return replayed, False
         raise
-    if run.control is not None and run.control.get("kind") == ending.CANCEL:
-        # A cancelled run waited only for this answer: give it its end state now.
-        rt.resume(run.run_id, by=by)
-    return new_effect
+    # A cancelled run waited only for this answer: the caller gives it its end state now.
+    return new_effect, run.control is not None and run.control.get("kind") == ending.CANCEL
 
 
 def confirmed_output(
@@ -209,17 +206,20 @@ def confirmed_output(
     return output
 
 
-def _effect_id_field(rt: Runtime, effect: records.EffectRecord) -> str | None:
+def _effect_id_field(port: Port, effect: records.EffectRecord) -> str | None:
     """The field of the tool's result that carries the provider's id: recorded on the effect at
     intent time, so a resolution records the same result with or without the application's
     registry; effects recorded before that fall back to the registry."""
     if effect.effect_id_field is not None:
         return effect.effect_id_field
-    return rt._effect_id_field(effect.tool)
+    try:
+        return port.registry.tool(effect.tool).contract.effect_id
+    except errors.ContractError:
+        return None
 
 
 def _replayed_decision(
-    rt: Runtime, decision_id: str, params: str, effect_id: str
+    port: Port, decision_id: str, params: str, effect_id: str
 ) -> records.EffectRecord | None:
     """The effect as decided, when ``decision_id`` was already recorded with these parameters;
     None when it was not recorded.
@@ -227,45 +227,46 @@ def _replayed_decision(
     Raises:
         errors.IdempotencyConflict: it was recorded with other parameters (or another tenant).
     """
-    pinned = rt.store.get_decision(rt.tenant, decision_id)
+    pinned = port.store.get_decision(port.tenant, decision_id)
     if pinned is None:
         return None
-    if pinned.params_digest != params or pinned.tenant != rt.tenant:
+    if pinned.params_digest != params or pinned.tenant != port.tenant:
         raise errors.IdempotencyConflict(
             f"decision {decision_id} was already taken with other parameters",
             effect_id=effect_id,
         )
-    found = rt.store.get_effect(effect_id, tenant=rt.tenant)
+    found = port.store.get_effect(effect_id, tenant=port.tenant)
     assert found is not None
     return found
 
 
 def approve(
-    rt: Runtime,
+    port: Port,
     run_id: str,
     step_id: str,
     *,
     approver: str,
     approval_id: str,
     note: str | None = None,
-) -> records.RunRecord:
-    """``Runtime.approve`` (documented there)."""
+) -> records.RunRecord | None:
+    """``Runtime.approve`` (documented there): None once the approval is recorded (the caller
+    resumes the run), or the run when this very approval was recorded before (nothing to do)."""
     if not approver or not approval_id:
         raise errors.ArgumentError("approve needs approver= and approval_id=")
     digests.check_id(approver, path="approver")
     digests.check_id(approval_id, path="approval_id")
     if note is not None:
         digests.to_jsonable(note, path="note")
-    run = rt._require_run(run_id)
-    step = next((s for s in rt.store.steps(run_id) if s.step_id == step_id), None)
-    if _replayed_approval(rt, run, step, step_id, approver=approver, approval_id=approval_id):
+    run = port.run(run_id)
+    step = next((s for s in port.store.steps(run_id) if s.step_id == step_id), None)
+    if _replayed_approval(port, run, step, step_id, approver=approver, approval_id=approval_id):
         return run
     batch, step = _answer_batch(run, step, step_id)
-    now = rt.clock()
+    now = port.clock()
     batch.approvals.append(
         records.ApprovalRecord(
             approval_id=approval_id,
-            tenant=rt.tenant,
+            tenant=port.tenant,
             run_id=run_id,
             step_id=step_id,
             request_digest=step.request_digest,
@@ -284,26 +285,29 @@ def approve(
         note=note,
     )
     try:
-        rt.store.apply(batch, lease_ttl=rt.lease_ttl, now=now)
+        port.store.apply(batch, lease_ttl=port.lease_ttl, now=now)
     except (errors.StaleState, errors.IdempotencyConflict):
         # Another approval was recorded first: this very one (same id and parameters) is a no-op,
         # anything else is refused. Either way this call resumes nothing: the winner does.
-        fresh = rt._require_run(run_id)
-        if _replayed_approval(rt, fresh, step, step_id, approver=approver, approval_id=approval_id):
+        fresh = port.run(run_id)
+        if _replayed_approval(
+            port, fresh, step, step_id, approver=approver, approval_id=approval_id
+        ):
             return fresh
         raise
-    return rt.resume(run_id, by=approver)
+    return None
 
 
 def reject(
-    rt: Runtime,
+    port: Port,
     run_id: str,
     step_id: str,
     *,
     by: str,
     reason: str,
-) -> records.RunRecord:
-    """``Runtime.reject`` (documented there)."""
+) -> records.RunRecord | None:
+    """``Runtime.reject`` (documented there): None once the decline is recorded (the caller
+    resumes the run), or the run when this very decline was recorded before."""
     if not isinstance(by, str) or not by.strip():
         raise errors.ArgumentError(
             "reject needs by=: the person declining (the audit log records it)"
@@ -312,12 +316,12 @@ def reject(
         raise errors.ArgumentError("reject needs reason=: why the step is declined (recorded)")
     digests.check_id(by, path="by")
     digests.to_jsonable(reason, path="reason")
-    run = rt._require_run(run_id)
-    step = next((s for s in rt.store.steps(run_id) if s.step_id == step_id), None)
+    run = port.run(run_id)
+    step = next((s for s in port.store.steps(run_id) if s.step_id == step_id), None)
     if step is not None and _declined(step, by, reason):
         return run  # this very decision, recorded already (a retried request)
     batch, step = _answer_batch(run, step, step_id)
-    now = rt.clock()
+    now = port.clock()
     batch.step(
         dataclasses.replace(
             step,
@@ -342,13 +346,13 @@ def reject(
         request_digest=step.request_digest,
     )
     try:
-        rt.store.apply(batch, lease_ttl=rt.lease_ttl, now=now)
+        port.store.apply(batch, lease_ttl=port.lease_ttl, now=now)
     except errors.StaleState:
-        fresh = next((s for s in rt.store.steps(run_id) if s.step_id == step_id), None)
+        fresh = next((s for s in port.store.steps(run_id) if s.step_id == step_id), None)
         if fresh is not None and _declined(fresh, by, reason):
-            return rt._require_run(run_id)  # a concurrent call recorded this very decision
+            return port.run(run_id)  # a concurrent call recorded this very decision
         raise
-    return rt.resume(run_id, by=by)
+    return None
 
 
 def _declined(step: records.StepRecord, by: str, reason: str) -> bool:
@@ -395,7 +399,7 @@ def _answer_batch(
 
 
 def _replayed_approval(
-    rt: Runtime,
+    port: Port,
     run: records.RunRecord,
     step: records.StepRecord | None,
     step_id: str,
@@ -408,11 +412,11 @@ def _replayed_approval(
     Raises:
         errors.IdempotencyConflict: it was recorded for another step, request or approver.
     """
-    used = rt.store.get_approval(rt.tenant, approval_id)
+    used = port.store.get_approval(port.tenant, approval_id)
     if used is None:
         return False
     same = (used.tenant, used.run_id, used.step_id, used.approver) == (
-        rt.tenant,
+        port.tenant,
         run.run_id,
         step_id,
         approver,

@@ -45,7 +45,6 @@ class SettleMixin(MachineBase):
         """Settle an in-doubt step without calling its tool: the late answer of a call still
         running here, else the contract's lookup tool (DESIGN §3.1: its "not found" is proof only
         once the call can no longer land)."""
-        st = self.state
         until = self._may_land_until(step)
         late = yield from self._late_answer(step, until)
         if late is not None:
@@ -53,7 +52,7 @@ class SettleMixin(MachineBase):
         situation, premature = yield from self._look(step, verdict, until)
         if premature and until != math.inf:
             # Not found, but the call may still land until its bound: look again once it cannot.
-            yield requests.Sleep(until - st.now())
+            yield requests.Sleep(until - self.port.clock())
             late = yield from self._late_answer(step, until)
             if late is not None:
                 return late
@@ -72,7 +71,7 @@ class SettleMixin(MachineBase):
         if not running or step.status is StepStatus.AWAITING_COMPLETION:
             return None
         attempt = running[-1]
-        wait = LATE_ANSWER_WAIT if until == math.inf else until - st.now()
+        wait = LATE_ANSWER_WAIT if until == math.inf else until - self.port.clock()
         result: requests.Result | None = yield requests.AwaitCall(
             st.in_flight[attempt.attempt_id], max(0.0, wait)
         )
@@ -88,8 +87,8 @@ class SettleMixin(MachineBase):
         call may still land until ``until``)."""
         st = self.state
         assert self.contract.confirm is not None
-        lookup_tool = st.runtime.registry.tool(self.contract.confirm)
-        now = st.now()
+        lookup_tool = self.port.registry.tool(self.contract.confirm)
+        now = self.port.clock()
         attempt = self._new_attempt(records.AttemptKind.LOOKUP, now)
         kwargs: dict[str, Any] = {}
         params = lookup_tool.signature.parameters
@@ -100,8 +99,8 @@ class SettleMixin(MachineBase):
         result: requests.Result = yield requests.Invoke(
             lookup_tool, (), kwargs, lookup_tool.contract.timeout
         )
-        st.faults.hit(FaultPoint.AFTER_LOOKUP_BEFORE_RECORD, self.step_id)
-        now = st.now()
+        self.port.faults.hit(FaultPoint.AFTER_LOOKUP_BEFORE_RECORD, self.step_id)
+        now = self.port.clock()
         answer = outcomes.lookup_answer(result)
         premature = answer.status is LookupStatus.NOT_COMMITTED and until > now
         if premature and step.status is not StepStatus.AWAITING_COMPLETION:
@@ -198,7 +197,7 @@ class SettleMixin(MachineBase):
             handle = st.in_flight.pop(attempt.attempt_id, None)
             if handle is not None:  # still running: its answer is recorded when it comes
                 late.record_when_done(self, attempt, handle)
-        now = st.now()
+        now = self.port.clock()
         step, effect = self._mark(step, StepStatus.NEEDS_ATTENTION, NextAction.ASK_A_PERSON, now)
         batch = st.batch()
         batch.step(step)
@@ -233,7 +232,7 @@ class SettleMixin(MachineBase):
     def _fail(self, step: records.StepRecord, verdict: decision.Decision) -> errors.EffectflowError:
         """Record a definite failure (it rides with the run's failure commit) and build the error."""
         st = self.state
-        now = st.now()
+        now = self.port.clock()
         step, effect = self._mark(step, verdict.status, NextAction.NONE, now)
         st.steps[self.step_id] = step
         st.pending.step(step)
@@ -310,7 +309,7 @@ class SettleMixin(MachineBase):
         polls = self._count(records.AttemptKind.LOOKUP)
         wait = retry.backoff(self.contract.retry, max(polls, 1), self.state.rng)
         accepted = self._effect(step).committed_at or step.updated_at
-        remaining = accepted + completion.deadline_seconds - self.state.now()
+        remaining = accepted + completion.deadline_seconds - self.port.clock()
         return max(0.0, min(wait, remaining))
 
     # -- compensation bookkeeping -----------------------------------------------------------------
@@ -326,7 +325,7 @@ class SettleMixin(MachineBase):
         self, batch: Any, original: records.EffectRecord, status: str, now: float
     ) -> None:
         st = self.state
-        effect = st.runtime.store.get_effect(original.effect_id) or original
+        effect = self.port.store.get_effect(original.effect_id) or original
         effect = dataclasses.replace(
             effect, compensation_status=status, version=effect.version + 1, updated_at=now
         )
@@ -342,7 +341,7 @@ class SettleMixin(MachineBase):
 
     def _approval(self) -> records.ApprovalRecord | None:
         """The approval given for this step's exact request, if any."""
-        for approval in reversed(self.state.runtime.store.approvals(self.run_id, self.step_id)):
+        for approval in reversed(self.port.store.approvals(self.run_id, self.step_id)):
             if approval.request_digest == self.request_digest:
                 return approval
         return None
@@ -352,7 +351,7 @@ class SettleMixin(MachineBase):
     ) -> Generator[requests.Request, Any, None]:
         """Record the step as waiting for a person's approval, pause the run, and unwind."""
         st = self.state
-        now = st.now()
+        now = self.port.clock()
         reason = (
             f"{self.tool.ref} is a {self.contract.effect.value}"
             + (" compensation" if self.compensates is not None else "")
@@ -414,7 +413,7 @@ class SettleMixin(MachineBase):
                 dataclasses.replace(verdict, reason=f"{verdict.reason}; {why}: a person decides"),
             )
             return
-        now = st.now()
+        now = self.port.clock()
         fresh = dataclasses.replace(
             observed,
             step_revision=observed.step_revision + 1,

@@ -38,10 +38,10 @@ class SimpleStepsMixin(MachineBase):
             result: requests.Result = yield requests.Invoke(
                 self.tool, self.args, self.kwargs, self.contract.timeout
             )
-            now = st.now()
+            now = self.port.clock()
             if result.error is None:
                 output = self._recordable(result.value)
-                st.faults.hit(FaultPoint.AFTER_PURE_RESULT, self.step_id)
+                self.port.faults.hit(FaultPoint.AFTER_PURE_RESULT, self.step_id)
                 step = self._step_record(existing, StepStatus.CONFIRMED, now, output=output)
                 step = records.evolve(step, confirmed_at=now, next_action=NextAction.USE_RESULT)
                 st.steps[self.step_id] = step
@@ -121,7 +121,7 @@ class SimpleStepsMixin(MachineBase):
         tries = 0
         while True:
             tries += 1
-            started = st.now()
+            started = self.port.clock()
             effect_id = (
                 existing.effect_id if existing and existing.effect_id else requests.new_id("eff")
             )
@@ -155,7 +155,7 @@ class SimpleStepsMixin(MachineBase):
             if doubt is not None:
                 self._settled_event(st.pending, attempt, doubt, committed=False)
                 exc = doubt.__cause__ or doubt  # what broke the COMMIT, known not to have landed
-            now = st.now()
+            now = self.port.clock()
             error = outcomes.error_of(exc)
             rejected = isinstance(exc, errors.Rejected)
             # A COMMIT that never reached the ledger (its checkpoint is absent) is safe to retry.
@@ -221,7 +221,7 @@ class SimpleStepsMixin(MachineBase):
         Raises:
             errors.CommitInDoubt: the checkpoint could not be read; nothing was recorded.
         """
-        store = self.state.runtime.store
+        store = self.port.store
         last: BaseException = exc
         for pause in (*_SETTLE_PAUSES, None):
             try:
@@ -250,7 +250,7 @@ class SimpleStepsMixin(MachineBase):
         """Record how a COMMIT that got no answer was settled (its checkpoint read)."""
         batch.event(
             "local_commit_settled",
-            self.state.now(),
+            self.port.clock(),
             step_id=self.step_id,
             attempt_id=attempt.attempt_id,
             committed=committed,
@@ -270,9 +270,9 @@ class SimpleStepsMixin(MachineBase):
         st = self.state
 
         def finish(value: Any) -> Batch:
-            now = st.now()
+            now = self.port.clock()
             output = self._recordable(value)
-            st.faults.hit(FaultPoint.IN_LOCAL_TRANSACTION, self.step_id)
+            self.port.faults.hit(FaultPoint.IN_LOCAL_TRANSACTION, self.step_id)
             batch = Batch(st.run.run_id, st.run.lease_token)
             batch.absorb(deferred)
             step = self._step_record(existing, StepStatus.CONFIRMED, now, output=output)

@@ -1,18 +1,18 @@
-"""What one execution of a run holds in memory: its records, its lease, its deferred writes."""
+"""What one execution of a run holds in memory: its records, its lease, its deferred writes.
+
+Data only: the services that execute the run (the ledger, the registry, the clock) come through
+``port.Port``, never through this object.
+"""
 
 from __future__ import annotations
 
 import random
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from effectflow.contracts.workflow import Workflow
 from effectflow.ledger import records
 from effectflow.ledger.store import Batch
-from effectflow.runtime.faults import FaultPlan
-
-if TYPE_CHECKING:
-    from effectflow.runtime.runtime import Runtime
 
 
 class RunState:
@@ -20,17 +20,18 @@ class RunState:
 
     def __init__(
         self,
-        runtime: Runtime,
         run: records.RunRecord,
         workflow: Workflow[..., Any],
         steps: list[records.StepRecord],
-        faults: FaultPlan,
+        *,
+        attempts_of: Callable[[str, str], list[records.AttemptRecord]],
+        claimed_at: float,
     ) -> None:
-        self.runtime = runtime
         self.run = run
         self.workflow = workflow
         self.steps: dict[str, records.StepRecord] = {s.step_id: s for s in steps}
-        self.faults = faults
+        #: Reads a step's attempts from the ledger (``store.attempts``), once per step.
+        self._attempts_of = attempts_of
         self.seen: set[str] = set()
         self.seq = max((s.seq for s in steps), default=0)
         self.last_step: str | None = None
@@ -45,7 +46,7 @@ class RunState:
         #: Until when this process can prove it holds the lease (its last renewal + the TTL).
         self.lease_valid_until: float = run.lease_expires_at or 0.0
         #: When this process took the run (calls of earlier holders had deadlines before it).
-        self.claimed_at: float = runtime.clock()
+        self.claimed_at = claimed_at
         #: The deadline given to each call made here, by attempt id.
         self.call_deadlines: dict[str, float] = {}
         #: The step a redrive of this failed run retries (the one it failed at): every other
@@ -56,11 +57,6 @@ class RunState:
         #: Calls made here that outlived their timeout and still run, by attempt id (the
         #: driver's handle): until each ends it may still land, and its late answer is a fact.
         self.in_flight: dict[str, Any] = {}
-
-    @property
-    def now(self) -> Callable[[], float]:
-        """The runtime's clock."""
-        return self.runtime.clock
 
     def batch(self) -> Batch:
         """A batch carrying every deferred write, fenced by this run's lease."""
@@ -79,7 +75,7 @@ class RunState:
     def attempts(self, step_id: str) -> list[records.AttemptRecord]:
         """The step's attempts (loaded once from the ledger, then kept current here)."""
         if step_id not in self._attempts:
-            self._attempts[step_id] = self.runtime.store.attempts(self.run.run_id, step_id)
+            self._attempts[step_id] = self._attempts_of(self.run.run_id, step_id)
         return self._attempts[step_id]
 
     def first_attempt(self, attempt: records.AttemptRecord) -> None:

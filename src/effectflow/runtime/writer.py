@@ -1,0 +1,114 @@
+"""Writing a run's batches to the ledger under its lease: fencing, group commit, outage retries.
+
+Every write of a run carries the lease's fencing token, so a process that lost the lease writes
+nothing; the write renews the lease, and learns of an operator's cancel or compensate request
+recorded meanwhile (the store answers with the run's control).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from effectflow import errors
+from effectflow.ledger.local import LocalTransaction
+from effectflow.ledger.store import Batch, LedgerStore
+from effectflow.runtime import group_commit, outage
+from effectflow.runtime import state as state_mod
+
+
+class LedgerWriter:
+    """Makes the batches of the runs a runtime executes durable."""
+
+    def __init__(
+        self,
+        store: LedgerStore,
+        *,
+        clock: Callable[[], float],
+        lease_ttl: float,
+        ledger_retry: float,
+        committer: group_commit.GroupCommitter | None,
+        async_committer: group_commit.AsyncGroupCommitter | None,
+    ) -> None:
+        self._store = store
+        self._clock = clock
+        self._lease_ttl = lease_ttl
+        self._ledger_retry = ledger_retry
+        self._committer = committer
+        self._async_committer = async_committer
+
+    def commit(self, state: state_mod.RunState, batch: Batch) -> None:
+        """Make a batch durable under the run's lease (the drivers call this); with group commit,
+        in the same transaction as the batches other runs commit at the same time.
+
+        Raises:
+            errors.LedgerUnavailable: the ledger stayed away (an outcome is retried first: see
+                ``outage``); nothing is recorded as failed and the run is left for recovery.
+        """
+
+        def apply() -> tuple[float, dict[str, Any] | None]:
+            renewed = self._fence(state, batch)
+            if self._committer is not None:
+                return renewed, self._committer.commit(batch)
+            return renewed, self._store.apply(batch, lease_ttl=self._lease_ttl, now=renewed)
+
+        renewed, control = outage.write(
+            self._store, batch, apply, clock=self._clock, patience=self._ledger_retry
+        )
+        self._committed(state, renewed, control)
+
+    async def commit_async(self, state: state_mod.RunState, batch: Batch) -> None:
+        """``commit`` for a run driven by asyncio: with group commit, the batch shares a
+        transaction with those of the other runs that commit in the same turn of the loop."""
+
+        async def apply() -> tuple[float, dict[str, Any] | None]:
+            renewed = self._fence(state, batch)
+            return renewed, await self.apply_async(batch, renewed)
+
+        renewed, control = await outage.write_async(
+            self._store, batch, apply, clock=self._clock, patience=self._ledger_retry
+        )
+        self._committed(state, renewed, control)
+
+    async def apply_async(self, batch: Batch, now: float) -> dict[str, Any] | None:
+        """Through the async group committer when it is on, else alone."""
+        if self._async_committer is not None:
+            return await self._async_committer.commit(batch)
+        return self._store.apply(batch, lease_ttl=self._lease_ttl, now=now)
+
+    def commit_with(
+        self,
+        state: state_mod.RunState,
+        work: Callable[[LocalTransaction], Any],
+        finish: Callable[[Any], Batch],
+    ) -> Any:
+        """Run a local_transaction tool's ``work`` and commit ``finish(result)`` with it."""
+
+        def fenced(value: Any) -> Batch:
+            batch = finish(value)
+            batch.lease_token = state.run.lease_token
+            return batch
+
+        value, control = self._store.apply_with(
+            work, fenced, lease_ttl=self._lease_ttl, now=self._clock()
+        )
+        if control is not None:
+            state.control = control
+        return value
+
+    def _fence(self, state: state_mod.RunState, batch: Batch) -> float:
+        """Stamp the batch with the run's lease token; returns the time the lease is renewed from."""
+        if state.lease_lost:
+            raise errors.LeaseLost(
+                f"run {state.run.run_id}: another worker took the lease over; writing nothing",
+                run_id=state.run.run_id,
+            )
+        batch.lease_token = state.run.lease_token
+        return self._clock()
+
+    def _committed(
+        self, state: state_mod.RunState, renewed: float, control: dict[str, Any] | None
+    ) -> None:
+        state.lease_valid_until = renewed + self._lease_ttl  # the fenced write renewed it
+        if control is not None:
+            state.control = control
