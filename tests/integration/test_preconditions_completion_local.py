@@ -24,6 +24,7 @@ from effectflow.testing import (
     InjectedCrash,
     MailProvider,
 )
+from worlds import Current, step
 
 FAST = ef.RetryPolicy(max_attempts=3, max_lookups=2, initial_backoff=0.001, max_backoff=0.02)
 S = ef.StepStatus
@@ -46,11 +47,8 @@ class World:
         self.mail.close()
 
 
-_CURRENT: list[World] = []
-
-
-def world() -> World:
-    return _CURRENT[-1]
+#: The world of the running test, for the tools below.
+world = Current[World]()
 
 
 # -- tools ------------------------------------------------------------------------------------------
@@ -182,11 +180,8 @@ def book(ctx: ef.Context, seat: str) -> Any:
 
 @pytest.fixture
 def w(tmp_path: Path) -> Iterator[World]:
-    made = World(tmp_path)
-    _CURRENT.append(made)
-    yield made
-    _CURRENT.remove(made)
-    made.close()
+    with world.entered(World(tmp_path)) as made:
+        yield made
 
 
 @pytest.fixture
@@ -198,10 +193,6 @@ def ledger(tmp_path: Path) -> Path:
 def rt(ledger: Path, w: World) -> Iterator[ef.Runtime]:
     with ef.Runtime(f"sqlite:///{ledger}") as runtime:
         yield runtime
-
-
-def step(rt: ef.Runtime, run_id: str, step_id: str) -> ef.StepRecord:
-    return next(s for s in rt.steps(run_id) if s.step_id == step_id)
 
 
 # -- preconditions ----------------------------------------------------------------------------------
