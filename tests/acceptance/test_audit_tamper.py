@@ -484,3 +484,19 @@ def test_verify_on_a_live_ledger_reads_one_moment(tmp_path: Path, backend: str) 
         finally:
             stop.set()
             writer.join(timeout=60)
+
+
+def test_two_stores_of_one_sqlite_file_take_turns_in_one_shard(tmp_path: Path) -> None:
+    """A store remembers each shard's head from its own last commit; when another process moved
+    the shard since, its confirming UPDATE finds another length, and it reads the shard and
+    chains anew: the chain stays whole."""
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    ids = [f"turn-{i}" for i in range(400) if audit.shard_of(f"turn-{i}") == 7][:6]
+    assert len(ids) == 6
+    with ef.Runtime(url) as one, ef.Runtime(url) as two:
+        for i, run_id in enumerate(ids):
+            (one if i % 2 == 0 else two).start(case, run_id=run_id, to=run_id)
+        assert one.store.verify_audit() == []
+    [(n,)] = Ledger(url).sql("SELECT n FROM audit_shards WHERE shard = 7")
+    [(sealed,)] = Ledger(url).sql("SELECT count(*) FROM seals WHERE shard = 7")
+    assert n == sealed > 6

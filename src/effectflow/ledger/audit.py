@@ -208,11 +208,22 @@ def values_digest(table: str, values: list[Any]) -> str:
     A time is a float either way (SQLite hands a whole REAL back as an int; a test clock may give
     an int)."""
     floats = _layout(table)[1]
-    if any(type(values[i]) is int for i in floats):
-        values = [float(v) if i in floats and type(v) is int else v for i, v in enumerate(values)]
+    for i in floats:
+        if type(values[i]) is int:
+            values = [
+                float(v) if type(v) is int and j in floats else v for j, v in enumerate(values)
+            ]
+            break
     # 128 bits: the seal that holds it is itself hashed (and keyed); a shorter digest keeps each
-    # seal, written with every batch, small.
-    return digests.sha256_hex(digests.canonical_json([table, values]))[:32]
+    # seal, written with every batch, small. (The values are JSON scalars and canonical texts:
+    # no key to sort, so the plain encoder prints them the one way.)
+    text = table + _PLAIN.encode(values)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:32]
+
+
+#: A list of scalars prints the same with or without sorted keys; without, the C encoder's
+#: fast path.
+_PLAIN = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
 
 
 def record_values(table: str, record: Any) -> list[Any]:
@@ -289,17 +300,20 @@ def _digest_of(table: str, record: Any, by_columns: bool = True) -> str:
     return row_digest(table, record)
 
 
+#: Each sealed table's id field.
+_ID_FIELD = {
+    "steps": "step_id",
+    "effects": "effect_id",
+    "attempts": "attempt_id",
+    "approvals": "approval_id",
+    "decisions": "decision_id",
+    "operations": "logical_operation_id",
+}
+
+
 def row_key(table: str, record: Any) -> str:
     """The name a row has in a seal: ``table:<its id>``."""
-    ident = {
-        "steps": lambda r: r.step_id,
-        "effects": lambda r: r.effect_id,
-        "attempts": lambda r: r.attempt_id,
-        "approvals": lambda r: r.approval_id,
-        "decisions": lambda r: r.decision_id,
-        "operations": lambda r: r.logical_operation_id,
-    }[table](record)
-    return f"{table}:{ident}"
+    return f"{table}:{record.__dict__[_ID_FIELD[table]]}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -669,19 +683,20 @@ def shard_heads_read(
 
 def chain_shards(
     pending: list[list[Any]], heads: Mapping[int, tuple[int, str]], key: bytes | None
-) -> list[tuple[int, str, int]]:
-    """Give each pending seal its place in its shard's chain (appending ``shard`` and
-    ``shard_seq`` to its row values, in the order the transaction wrote them); returns each
+) -> tuple[list[list[Any]], list[tuple[int, str, int]]]:
+    """Give each pending seal its place in its shard's chain, in the order the transaction wrote
+    them: returns the ``seals`` rows (the values with ``shard`` and ``shard_seq``) and each
     shard's new ``(n, head, shard)``. ``heads`` is each shard's ``(n, head)`` read under lock."""
     moved: dict[int, tuple[int, str]] = {}
+    rows = []
     for values in pending:
         shard = shard_of(values[0])
         n, head = moved.get(shard) or heads[shard]
         n += 1
         head = shard_link(head, shard=shard, seq=n, seal_hash=values[7], key=key)
-        values.extend((shard, n))
+        rows.append([*values, shard, n])
         moved[shard] = (n, head)
-    return [(n, head, shard) for shard, (n, head) in sorted(moved.items())]
+    return rows, [(n, head, shard) for shard, (n, head) in sorted(moved.items())]
 
 
 #: The ``audit_shards`` row that names the shards in use. A shard emptied of every seal would look

@@ -580,11 +580,11 @@ class PostgresStore:
         if not seals:
             return
         shards = audit_chain.shards_of(seals)
-        rows = _rows(conn, _LOCK_SHARDS, (shards,))
+        locked = _rows(conn, _LOCK_SHARDS, (shards,))
         heads = audit_chain.shard_heads_read(
-            shards, [(r["shard"], r["n"], r["head"]) for r in rows]
+            shards, [(r["shard"], r["n"], r["head"]) for r in locked]
         )
-        moved = audit_chain.chain_shards(seals, heads, self.audit_key)
+        rows, moved = audit_chain.chain_shards(seals, heads, self.audit_key)
         if audit_chain.first_uses(heads, shards):
             # The index row last (every transaction takes it after its shards): it serializes the
             # first uses, and each then reads the others' committed ones.
@@ -597,7 +597,7 @@ class PostgresStore:
                 audit_chain.index_row([*(r["shard"] for r in used), *shards], self.audit_key)
             )
         with conn.cursor() as cur:
-            cur.executemany(_INSERT_SEAL, seals)
+            cur.executemany(_INSERT_SEAL, rows)
             cur.executemany(_UPDATE_SHARD, moved)
 
     def claim_runnable(

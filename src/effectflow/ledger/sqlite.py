@@ -122,6 +122,8 @@ _UPSERT_EFFECT = _upsert_sql(
 _RUN_COLUMNS = [_column(f) for f in _RUN_FIELDS]
 #: The shards that hold seals (for the index row, ``audit.INDEX``).
 _USED_SHARDS = "SELECT shard FROM audit_shards WHERE n > 0 AND shard <> ?"
+#: A shard's head moved, if it is still where this store left it.
+_MOVE_SHARD = "UPDATE audit_shards SET n = ?, head = ? WHERE shard = ? AND n = ?"
 #: What a batch reads of its run's row: the chains' heads, the control request, and the changing
 #: fields its seal covers (not the input, however large: it is sealed once, at the creation).
 _HEAD = ", ".join(
@@ -263,6 +265,8 @@ class SQLiteStore:
             if not self.read_only:
                 Path(path).parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.RLock()
+        #: Each shard's (n, head) as this store last committed it (see ``_seal_txn``).
+        self._shard_heads: dict[int, tuple[int, str]] = {}
         #: How long a statement waits for another writer's lock before failing (seconds).
         self.busy_timeout = _seconds(url, options, "busy_timeout", 30.0)
         target, uri = path, False
@@ -422,21 +426,51 @@ class SQLiteStore:
         return results
 
     def _seal_txn(self, conn: sqlite3.Connection, seals: list[list[Any]]) -> None:
-        """Append the transaction's seals, each chained into its shard (see ``audit``)."""
+        """Append the transaction's seals, each chained into its shard (see ``audit``).
+
+        The shards' heads come from this store's memory of its last commit, each confirmed by
+        its UPDATE (``... AND n = <remembered n>``): one statement a shard, not a read and a
+        write. A shard another process wrote since is read (the write lock is ours: it cannot
+        move again) and chained anew."""
         if not seals:
             return
         shards = audit_chain.shards_of(seals)
+        heads = self._shard_heads
+        missing = [s for s in shards if s not in heads]
+        if missing:
+            heads.update(self._read_shards(conn, missing))
+        rows, moved = audit_chain.chain_shards(seals, heads, self.audit_key)
+        stale = [
+            shard
+            for n, head, shard in moved
+            if conn.execute(_MOVE_SHARD, (n, head, shard, heads[shard][0])).rowcount != 1
+        ]
+        if stale:
+            heads.update(self._read_shards(conn, stale))
+            rows, moved = audit_chain.chain_shards(seals, heads, self.audit_key)
+            for n, head, shard in moved:
+                if shard in stale:
+                    conn.execute(audit_chain.UPDATE_SHARD, (n, head, shard))
+        if audit_chain.first_uses(heads, shards):
+            used = conn.execute(_USED_SHARDS, (audit_chain.INDEX,)).fetchall()
+            index = audit_chain.index_row([*(r[0] for r in used), *shards], self.audit_key)
+            conn.execute(audit_chain.UPDATE_SHARD, index)
+        if len(rows) == 1:
+            conn.execute(audit_chain.INSERT_SEAL, rows[0])
+        else:
+            conn.executemany(audit_chain.INSERT_SEAL, rows)
+        # Remembered as committed; if the transaction rolls back, the next UPDATE finds another
+        # n and reads the shard again.
+        heads.update((shard, (n, head)) for n, head, shard in moved)
+
+    def _read_shards(
+        self, conn: sqlite3.Connection, shards: list[int]
+    ) -> dict[int, tuple[int, str]]:
         rows = conn.execute(
             f"SELECT shard, n, head FROM audit_shards WHERE shard IN ({', '.join('?' * len(shards))})",
             shards,
         ).fetchall()
-        heads = audit_chain.shard_heads_read(shards, [(r[0], r[1], r[2]) for r in rows])
-        moved = audit_chain.chain_shards(seals, heads, self.audit_key)
-        if audit_chain.first_uses(heads, shards):
-            used = conn.execute(_USED_SHARDS, (audit_chain.INDEX,)).fetchall()
-            moved.append(audit_chain.index_row([*(r[0] for r in used), *shards], self.audit_key))
-        conn.executemany(audit_chain.INSERT_SEAL, seals)
-        conn.executemany(audit_chain.UPDATE_SHARD, moved)
+        return audit_chain.shard_heads_read(shards, [(r[0], r[1], r[2]) for r in rows])
 
     def claim_runnable(
         self,
