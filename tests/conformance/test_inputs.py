@@ -235,6 +235,8 @@ BAD = [
     Bad("input_int_2_64", start(n=2**64), "input.n: 18446744073709551616 is outside"),
     Bad("input_int_below_int64", start(n=-(2**63) - 1), "input.n: -9223372036854775809"),
     Bad("input_int_10_5000", start(n=10**5000), "input.n: a 16610-bit integer"),
+    Bad("input_nan", start(score=float("nan")), "input.score: nan has no JSON form"),
+    Bad("input_infinity", start(score=[float("-inf")]), "input.score[0]: -inf has no JSON form"),
     # the input dict and 64 lists: 65 deep; refused at the 65th container
     Bad("input_65_deep", start(doc=nested(64)), "input.doc[0][0][0]...(57 more)...[0][0][0]: is"),
     Bad("input_100000_deep", start(doc=nested(100_000)), "input.doc[0][0][0]...(57 more)"),
