@@ -411,8 +411,6 @@ def test_run_by_run_takes_statements_per_run(store: LedgerStore, counted: list[s
 
 # -- query plans ------------------------------------------------------------------------------------
 
-#: Tables no index finds a chunk's rows in (see ``audit_read``'s docstring): expected failures.
-UNINDEXED = {"operations", "decisions"}
 FIRST, LAST = "mail-00", "mail-09"
 
 
@@ -456,19 +454,11 @@ def _pg_plan(url: str, sql: str, params: tuple[Any, ...]) -> list[str]:
     return [node["Node Type"] for node in _pg_nodes(document[0]["Plan"])]
 
 
-def _names() -> list[Any]:
-    unindexed = pytest.mark.xfail(reason="no index finds these rows by run", strict=True)
-    return [
-        pytest.param(name, marks=unindexed) if name in UNINDEXED else name
-        for name in _statements("sqlite")
-    ]
-
-
-@pytest.mark.parametrize("name", _names())
+@pytest.mark.parametrize("name", list(_statements("sqlite")))
 def test_a_chunk_statement_reads_through_an_index(ledger: str, name: str) -> None:
     """Each chunk statement finds its rows through an index (SQLite: no ``SCAN`` of a table but
-    the first chunk's walk of the primary key, in order, to its LIMIT; PostgreSQL: no ``Seq Scan``);
-    ``operations`` and ``decisions`` have none, an expected failure that fails once they do."""
+    the first chunk's walk of the primary key, in order, to its LIMIT; PostgreSQL: no ``Seq Scan``):
+    ``operations`` and ``decisions`` too, through the indexes of ledger version 8."""
     backend = "sqlite" if ledger.startswith("sqlite") else "postgres"
     sql = _statements(backend)[name]
     if backend == "sqlite":

@@ -164,7 +164,7 @@ def audit_verify(
     key in EFFECTFLOW_AUDIT_KEY, when the ledger is keyed), its state rows against what was
     written, and with --against a head exported earlier. Exit 0 intact, 4 tampered or damaged,
     2 the ledger (or head file) could not be read."""
-    from effectflow.ledger import audit
+    from effectflow.ledger import audit, audit_read
 
     store = _open_for_audit("verify", db, as_json)
     try:
@@ -181,7 +181,8 @@ def audit_verify(
             want = {int(e["shard"]): int(e["n"]) for e in head.get("shards", [])}
             with store.audit_snapshot():
                 chains = audit.replay_shards(store, key, want)[1]
-                problems += audit.check_head(head, audit.materials(store), key, chains)
+                found = dict(audit_read.materials_batched(store))
+                problems += audit.check_head(head, found, key, chains)
     finally:
         store.close()
     note = None if key is not None else _UNKEYED.format(env=audit.KEY_ENV)
@@ -219,13 +220,13 @@ def audit_head(
     the audit key. Keep these exports outside the ledger (another machine, a bucket with object
     lock); `audit verify --against HEADFILE` then finds a run deleted, or its newest writes cut,
     since, even by someone who put back shard heads they had watched."""
-    from effectflow.ledger import audit
+    from effectflow.ledger import audit, audit_read
 
     store = _open_for_audit("head", db, False)
     try:
         with store.audit_snapshot():  # the runs' heads and the shards' of one moment
             head = audit.export_head(
-                [audit.head_entry(m) for m in audit.materials(store).values()],
+                [audit.head_entry(m) for _, m in audit_read.materials_batched(store)],
                 store.audit_key,
                 audit.shard_heads(store),
             )

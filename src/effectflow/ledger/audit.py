@@ -785,7 +785,9 @@ def _material(store: Any, head: Mapping[str, Any]) -> Material:
 
 
 def materials(store: Any, run_id: str | None = None) -> dict[str, Material]:
-    """Every run's material (or one run's), by run id."""
+    """Every run's material (or one run's), by run id, read run by run through the store's own
+    readers: the reference ``audit_read.materials_batched`` (what ``verify`` reads with) is
+    tested against."""
     sql = "SELECT run_id, audit_head, audit_count, seal_head, seal_count FROM runs"
     heads = (
         store.audit_rows(sql + " ORDER BY run_id", ())
@@ -948,10 +950,12 @@ def verify(store: Any, run_id: str | None, key: bytes | None) -> list[Problem]:
 
 
 def _verify(store: Any, run_id: str | None, key: bytes | None) -> list[Problem]:
+    from effectflow.ledger import audit_read  # it reads Materials: imports this module
+
     sealed_since = _applied_at(store, 7)
     shards_since = _applied_at(store, 8)
     problems: list[Problem] = []
-    for material in materials(store, run_id).values():
+    for _, material in audit_read.materials_batched(store, run_id):
         problems.extend(
             verify_run(material, key, sealed_since=sealed_since, shards_since=shards_since)
         )

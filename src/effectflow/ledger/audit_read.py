@@ -10,16 +10,9 @@ Rows become records through the backend's own row mappers, in the order its read
 each ``Material`` equals, field by field, the one ``audit.materials`` builds
 (tests/conformance/test_audit_read.py). A store of neither backend is read run by run.
 
-Two tables have no index that finds a chunk's rows: ``operations`` (keyed by tenant and logical
-operation, read by run) and ``decisions`` (keyed by tenant and decision id, read through the
-chunk's effects). Each chunk reads all of both, one statement each, so their share of the time
-grows with runs × chunks — where ``audit.materials`` reads all of ``operations`` once per run and
-all of ``decisions`` once per effect. An index on ``operations (run_id)`` and one on
-``decisions (effect_id)`` would end it (tests/conformance/test_audit_read.py expects the scans, and
-fails once they are gone).
-
-Like ``audit.materials``, each statement sees the ledger as it is when it runs: on a ledger being
-written, a run written to between two statements can read as if its rows and heads disagreed.
+Every chunk statement finds its rows through an index (``operations`` by run and ``decisions`` by
+effect since ledger version 8). ``audit.verify`` reads inside ``store.audit_snapshot``, so on a
+ledger being written every statement sees the same moment.
 """
 
 from __future__ import annotations

@@ -37,3 +37,8 @@ ALTER TABLE effects ALTER COLUMN evidence_json TYPE TEXT USING evidence_json::te
 -- The index row (shard 64): its head covers the set of shards in use, so a shard emptied of its
 -- seals does not pass for one never used. It moves when a shard is used for the first time.
 INSERT INTO audit_shards (shard, n, head) VALUES (64, 0, 'effectflow-shard-index/');
+
+-- What `verify` reads a chunk of runs at a time finds its rows through an index: a guarded call's
+-- operation bindings by run, a person's decisions by effect (rare writes both).
+CREATE INDEX operations_by_run ON operations (run_id);
+CREATE INDEX decisions_by_effect ON decisions (effect_id);
