@@ -36,7 +36,7 @@ from typing import Any
 import httpx
 
 import effectflow as ef
-from effectflow.runtime import settle
+from effectflow.runtime import lookup
 
 #: Seconds after its arrival past which the provider never commits a request.
 BOUND = 0.8
@@ -284,7 +284,7 @@ LATE_ANSWER_WAIT = 0.3
 
 if __name__ == "__main__":
     ledger, PROVIDER["url"], tenant, verb = sys.argv[1:5]
-    settle.LATE_ANSWER_WAIT = LATE_ANSWER_WAIT
+    lookup.LATE_ANSWER_WAIT = LATE_ANSWER_WAIT
     with runtime(ledger, tenant) as rt:
         if verb == "start":
             run_id, tools = sys.argv[5], sys.argv[6].split(",")

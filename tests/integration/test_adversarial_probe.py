@@ -524,9 +524,9 @@ def test_a_late_commit_after_a_not_committed_resolution_is_not_lost(
     Expected (docs/concepts.md#no-effect-out-of-sight; never two effects): the contradicted
     effect is listed by rt.attention() (or confirmed), and rt.resume does not post a second time.
     """
-    from effectflow.runtime import settle
+    from effectflow.runtime import lookup
 
-    monkeypatch.setattr(settle, "LATE_ANSWER_WAIT", 0.1)
+    monkeypatch.setattr(lookup, "LATE_ANSWER_WAIT", 0.1)
     POSTS.append(Posts())
     POSTS[-1].latency = 1.0
     try:
@@ -569,9 +569,9 @@ def test_a_cancelled_run_whose_call_lands_late_concludes(
     Expected: rt.reconcile() (README: "moved on by rt.reconcile or a person's rt.resolve") moves
     the run to cancelled_with_effects, the effect in its inventory as confirmed. One post.
     """
-    from effectflow.runtime import settle
+    from effectflow.runtime import lookup
 
-    monkeypatch.setattr(settle, "LATE_ANSWER_WAIT", 0.1)
+    monkeypatch.setattr(lookup, "LATE_ANSWER_WAIT", 0.1)
     POSTS.append(Posts())
     POSTS[-1].latency = 1.0
     try:

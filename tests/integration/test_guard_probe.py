@@ -416,7 +416,7 @@ LONG = "".join(_RNG.choice(string.ascii_letters) for _ in range(5000))
         ("スレッド🧵/ns 1", "呼び出し-✓"),
         ("langgraph:thread 42:ns/a|b", "call:1"),
         ("x" * 2000, "c"),
-        ("s", LONG[:2000]),  # the limit: 2048 bytes for both (guard.MAX_HOST_ID_BYTES)
+        ("s", LONG[:2000]),  # the limit: 2048 bytes for both (guard_input.MAX_HOST_ID_BYTES)
         ("tab\tand\nnewline", "'; DROP TABLE runs; --"),
     ],
     ids=["unicode", "colons", "long-scope", "long-call-id", "sql-ish"],

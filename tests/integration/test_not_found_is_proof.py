@@ -22,7 +22,7 @@ import pytest
 
 import effectflow as ef
 from effectflow.ledger.records import StepStatus
-from effectflow.runtime import settle
+from effectflow.runtime import lookup
 
 CHILD = Path(app.__file__)
 
@@ -81,7 +81,7 @@ def test_a_call_that_never_answers_goes_to_a_person_not_to_a_second_call(
     """With no bound and a call still running after every lookup found nothing, a person decides;
     the provider's late commit is then the only post, and the call's late answer, when it comes,
     confirms the effect (so the person's queue empties and a resume goes on without a call)."""
-    monkeypatch.setattr(settle, "LATE_ANSWER_WAIT", 0.2)
+    monkeypatch.setattr(lookup, "LATE_ANSWER_WAIT", 0.2)
     slow.latency = 3.0
     with ef.Runtime(f"sqlite:///{tmp_path / 'l.db'}") as rt:
         run = rt.start(app.flow, run_id="hung", tool="lat_post_unbounded")

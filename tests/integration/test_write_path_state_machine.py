@@ -51,7 +51,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_stat
 
 import effectflow as ef
 from effectflow.ledger.records import StepStatus
-from effectflow.runtime import settle
+from effectflow.runtime import lookup
 from effectflow.runtime.faults import Fault, FaultAction, FaultPlan, FaultPoint, InjectedCrash
 from ledgers import PG
 
@@ -448,7 +448,7 @@ def test_the_write_path_keeps_its_promise(
 ) -> None:
     """Random runs, faults, SIGKILLs, ledger outages and concurrent decisions never put an effect
     twice at the provider nor leave one it holds unconfirmed and unlisted."""
-    monkeypatch.setattr(settle, "LATE_ANSWER_WAIT", app.LATE_ANSWER_WAIT)
+    monkeypatch.setattr(lookup, "LATE_ANSWER_WAIT", app.LATE_ANSWER_WAIT)
     WritePath.ledger = sm_ledger
     SEEN.clear()
     run_state_machine_as_test(

@@ -155,6 +155,36 @@ class Outcome(enum.StrEnum):
     CONFLICT = "conflict"
 
 
+class CompensationStatus(enum.StrEnum):
+    """Where the compensation of an effect stands (``compensation_status`` of its step and its
+    effect record; the stored text is the member's value)."""
+
+    #: A pure or read step: nothing in the world to answer.
+    NOT_APPLICABLE = "not_applicable"
+    #: A write whose tool names no compensation.
+    NOT_REQUIRED = "not_required"
+    #: A write whose tool names a compensation, run if its goal is abandoned.
+    AVAILABLE = "available"
+    #: Its compensation's intent is recorded: the compensating call may be in flight.
+    COMPENSATING = "compensating"
+    #: Answered by a confirmed compensation (the original effect still happened).
+    COMPENSATED = "compensated"
+    #: Its compensation failed or cannot be made: a person decides.
+    COMPENSATION_FAILED = "compensation_failed"
+    #: Kept on purpose: nothing could answer it, or a person declined its compensation.
+    KEPT = "kept"
+
+
+class ControlKind(enum.StrEnum):
+    """What an operator (or the workflow, abandoning its goal) asked of a run (``runs.control``'s
+    ``kind``)."""
+
+    #: Stop the run: steps not started do not start, then compensate what cancelling triggers.
+    CANCEL = "cancel"
+    #: The business goal is abandoned: compensate the run's effects by policy.
+    COMPENSATE = "compensate"
+
+
 @dataclasses.dataclass(frozen=True)
 class RunRecord:
     """One execution of a workflow."""
@@ -250,7 +280,7 @@ class StepRecord:
     confirmed_at: float | None
     #: The step that followed this one in the run.
     next_step: str | None
-    #: ``not_required``, ``pending``, ``compensated``, ...
+    #: A ``CompensationStatus`` value (``not_required``, ``compensated``, ...).
     compensation_status: str
     #: What should happen next.
     next_action: NextAction
@@ -336,7 +366,7 @@ class EffectRecord:
     committed_at: float | None
     #: The approval that allowed it, if one was needed.
     approval_id: str | None
-    #: ``not_required``, ``pending``, ``compensated``, ...
+    #: A ``CompensationStatus`` value (``not_required``, ``compensated``, ...).
     compensation_status: str
     #: The effect this one compensates, for compensations.
     compensates: str | None

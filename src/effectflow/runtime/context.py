@@ -5,9 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 from effectflow.contracts.tool import Tool
-from effectflow.runtime import driver, engine
+from effectflow.runtime import driver, step_machine
 from effectflow.runtime import state as state_mod
 from effectflow.runtime.port import Port
+from effectflow.runtime.step_call import StepCall
 
 
 class _Base:
@@ -30,7 +31,7 @@ class _Base:
         """The run's recorded input."""
         return dict(self._state.run.input)
 
-    def _machine(
+    def _call(
         self,
         step_id: str,
         tool: Tool[..., Any],
@@ -39,8 +40,8 @@ class _Base:
         operation_id: str | None,
         key_target: str | None,
         observe: str | None,
-    ) -> engine.StepMachine:
-        return engine.StepMachine(
+    ) -> StepCall:
+        return StepCall(
             self._port,
             self._state,
             step_id,
@@ -78,8 +79,8 @@ class Context(_Base):
             observe: the read step this write's ``precondition=ef.Expect(...)`` came from; on a
                 conflict the run re-runs it and tries again with the new observation.
         """
-        machine = self._machine(step_id, tool, args, kwargs, operation_id, key_target, observe)
-        return driver.drive(self._port, self._state, machine.run())
+        call = self._call(step_id, tool, args, kwargs, operation_id, key_target, observe)
+        return driver.drive(self._port, self._state, step_machine.run(call))
 
 
 class AsyncContext(_Base):
@@ -97,5 +98,5 @@ class AsyncContext(_Base):
         **kwargs: Any,
     ) -> Any:
         """The async twin of ``Context.call``."""
-        machine = self._machine(step_id, tool, args, kwargs, operation_id, key_target, observe)
-        return await driver.drive_async(self._port, self._state, machine.run())
+        call = self._call(step_id, tool, args, kwargs, operation_id, key_target, observe)
+        return await driver.drive_async(self._port, self._state, step_machine.run(call))

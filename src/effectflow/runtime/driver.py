@@ -1,6 +1,6 @@
 """The drivers of the step machine: they do what it asks (commit, call a tool, wait, sleep).
 
-A step machine is a generator of ``requests``; the same one runs under the blocking driver
+A step machine is a generator of ``machine_io`` requests; the same one runs under the blocking driver
 (``drive``, for sync workflows and for the settling paths) and the asyncio one (``drive_async``).
 Each answers one request at a time (``_answer`` / ``_answer_async``); only how they wait differs.
 """
@@ -14,12 +14,12 @@ from typing import Any
 
 from effectflow import errors
 from effectflow.ledger.local import LocalTransaction
-from effectflow.runtime import requests
+from effectflow.runtime import machine_io
 from effectflow.runtime import state as state_mod
 from effectflow.runtime.port import Port
 
 
-def drive(port: Port, state: state_mod.RunState, gen: requests.Machine) -> Any:
+def drive(port: Port, state: state_mod.RunState, gen: machine_io.Machine) -> Any:
     """Run a step machine to its value, doing its requests with blocking I/O."""
     answer: Any = None
     while True:
@@ -30,7 +30,7 @@ def drive(port: Port, state: state_mod.RunState, gen: requests.Machine) -> Any:
         answer = _answer(port, state, request)
 
 
-async def drive_async(port: Port, state: state_mod.RunState, gen: requests.Machine) -> Any:
+async def drive_async(port: Port, state: state_mod.RunState, gen: machine_io.Machine) -> Any:
     """Run a step machine to its value on the event loop."""
     answer: Any = None
     while True:
@@ -41,46 +41,46 @@ async def drive_async(port: Port, state: state_mod.RunState, gen: requests.Machi
         answer = await _answer_async(port, state, request)
 
 
-def _answer(port: Port, state: state_mod.RunState, request: requests.Request) -> Any:
-    if isinstance(request, requests.Commit):
+def _answer(port: Port, state: state_mod.RunState, request: machine_io.Request) -> Any:
+    if isinstance(request, machine_io.Commit):
         port.writer.commit(state, request.batch)
         return None
-    if isinstance(request, requests.Invoke):
+    if isinstance(request, machine_io.Invoke):
         return call_sync(request)
-    if isinstance(request, requests.AwaitCall):
+    if isinstance(request, machine_io.AwaitCall):
         return _ended(request.handle, request.seconds)
-    if isinstance(request, requests.InTransaction):
+    if isinstance(request, machine_io.InTransaction):
         return _in_transaction(port, state, request)
     time.sleep(request.seconds)
     return None
 
 
-async def _answer_async(port: Port, state: state_mod.RunState, request: requests.Request) -> Any:
-    if isinstance(request, requests.Commit):
+async def _answer_async(port: Port, state: state_mod.RunState, request: machine_io.Request) -> Any:
+    if isinstance(request, machine_io.Commit):
         await port.writer.commit_async(state, request.batch)
         return None
-    if isinstance(request, requests.Invoke):
+    if isinstance(request, machine_io.Invoke):
         return await _call_async(request)
-    if isinstance(request, requests.AwaitCall):
+    if isinstance(request, machine_io.AwaitCall):
         return await _ended_async(request.handle, request.seconds)
-    if isinstance(request, requests.InTransaction):
+    if isinstance(request, machine_io.InTransaction):
         # The ledger's transaction is synchronous; the tool runs inside it on this thread.
         return _in_transaction(port, state, request)
     await asyncio.sleep(request.seconds)
     return None
 
 
-def call_sync(request: requests.Invoke) -> requests.Result:
+def call_sync(request: machine_io.Invoke) -> machine_io.Result:
     """Call the tool, waiting at most its timeout. A call still running then is left running (it
     may still land at the provider) and handed back as ``Result.pending``, never abandoned."""
     tool, args, kwargs, timeout = request.tool, request.args, request.kwargs, request.timeout
     try:
         if timeout is None:
             if tool.is_async:
-                return requests.Result(asyncio.run(tool.fn(*args, **kwargs)))
-            return requests.Result(tool.fn(*args, **kwargs))
+                return machine_io.Result(asyncio.run(tool.fn(*args, **kwargs)))
+            return machine_io.Result(tool.fn(*args, **kwargs))
     except Exception as exc:
-        return requests.Result(error=exc)
+        return machine_io.Result(error=exc)
     # An async tool runs to its end on a loop of its own in the thread: cancelling it at the
     # timeout would not unsend a request already on the wire, only lose its answer.
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix=tool.name)
@@ -94,7 +94,7 @@ def call_sync(request: requests.Invoke) -> requests.Result:
         pool.shutdown(wait=False)
 
 
-async def _call_async(request: requests.Invoke) -> requests.Result:
+async def _call_async(request: machine_io.Invoke) -> machine_io.Result:
     """``call_sync`` on the event loop: a call still running at its timeout keeps running as a
     task (or in its thread) and is handed back as ``Result.pending``."""
     tool = request.tool
@@ -102,31 +102,31 @@ async def _call_async(request: requests.Invoke) -> requests.Result:
         if tool.is_async:
             coro = tool.fn(*request.args, **request.kwargs)
         elif request.timeout is None:
-            return requests.Result(tool.fn(*request.args, **request.kwargs))
+            return machine_io.Result(tool.fn(*request.args, **request.kwargs))
         else:
             coro = asyncio.to_thread(tool.fn, *request.args, **request.kwargs)
         if request.timeout is None:
-            return requests.Result(await coro)
+            return machine_io.Result(await coro)
     except Exception as exc:
-        return requests.Result(error=exc)
+        return machine_io.Result(error=exc)
     task = asyncio.ensure_future(coro)
     return await _ended_async(task, request.timeout) or _timed_out(request, task)
 
 
-def _timed_out(request: requests.Invoke, handle: Any) -> requests.Result:
-    return requests.Result(
+def _timed_out(request: machine_io.Invoke, handle: Any) -> machine_io.Result:
+    return machine_io.Result(
         error=TimeoutError(f"{request.tool.ref} did not answer within {request.timeout} s"),
         pending=handle,
     )
 
 
-def _ended(future: concurrent.futures.Future[Any], timeout: float) -> requests.Result | None:
+def _ended(future: concurrent.futures.Future[Any], timeout: float) -> machine_io.Result | None:
     """The call's result once it ended within ``timeout``; None while it still runs."""
     done, _ = concurrent.futures.wait([future], timeout=max(0.0, timeout))
     return _result_of(future) if done else None
 
 
-async def _ended_async(handle: Any, timeout: float) -> requests.Result | None:
+async def _ended_async(handle: Any, timeout: float) -> machine_io.Result | None:
     """The call's result once it ended within ``timeout``; None while it still runs."""
     future = (
         asyncio.wrap_future(handle) if isinstance(handle, concurrent.futures.Future) else handle
@@ -135,19 +135,19 @@ async def _ended_async(handle: Any, timeout: float) -> requests.Result | None:
     return _result_of(future) if done else None
 
 
-def _result_of(future: Any) -> requests.Result:
+def _result_of(future: Any) -> machine_io.Result:
     """The result of a call that ended (a ``concurrent.futures`` or an ``asyncio`` future)."""
     exc = future.exception()
     if exc is not None:
         if not isinstance(exc, Exception):  # pragma: no cover - a BaseException in a tool thread
             raise exc
-        return requests.Result(error=exc)
-    return requests.Result(future.result())
+        return machine_io.Result(error=exc)
+    return machine_io.Result(future.result())
 
 
 def _in_transaction(
-    port: Port, state: state_mod.RunState, request: requests.InTransaction
-) -> requests.Result:
+    port: Port, state: state_mod.RunState, request: machine_io.InTransaction
+) -> machine_io.Result:
     """The tool's writes and ``request.finish``'s checkpoint commit together, or neither does."""
 
     def work(tx: LocalTransaction) -> Any:
@@ -158,5 +158,5 @@ def _in_transaction(
     except errors.LeaseLost:
         raise
     except Exception as exc:
-        return requests.Result(error=exc)
-    return requests.Result(value)
+        return machine_io.Result(error=exc)
+    return machine_io.Result(value)

@@ -23,9 +23,9 @@ from typing import Any
 from effectflow import digests, errors
 from effectflow.contracts.workflow import Workflow
 from effectflow.ledger import records
-from effectflow.ledger.records import NextAction, RunStatus, StepStatus
+from effectflow.ledger.records import ControlKind, NextAction, RunStatus, StepStatus
 from effectflow.ledger.store import Batch
-from effectflow.runtime import context, driver, ending, engine, leases, outage, requests
+from effectflow.runtime import changed_code, context, driver, leases, machine_io, outage, stopping
 from effectflow.runtime import state as state_mod
 from effectflow.runtime.port import Port
 
@@ -43,7 +43,7 @@ class _Blocking:
 
 
 _PASS = _Pass()
-_Ask = _Pass | _Blocking | requests.Commit
+_Ask = _Pass | _Blocking | machine_io.Commit
 
 
 class Executor:
@@ -97,7 +97,7 @@ class Executor:
         state = self._prepare(run, workflow, claimed=True)
         state.control = control
         try:
-            return ending.finish(self._port, state)
+            return stopping.finish(self._port, state)
         finally:
             self._leases.drop(state)
 
@@ -156,19 +156,19 @@ class Executor:
         while True:
             if state.control is not None:
                 ended: records.RunRecord = yield _Blocking(
-                    functools.partial(ending.finish, port, state)
+                    functools.partial(stopping.finish, port, state)
                 )
                 return ended
             try:
                 output = yield _PASS
-            except requests.Restart:
+            except machine_io.Restart:
                 state.restart()
                 continue
-            except requests.Stop:
+            except machine_io.Stop:
                 continue
-            except requests.Release:
+            except machine_io.Release:
                 return self._release(state)
-            except requests.Suspend:
+            except machine_io.Suspend:
                 return port.run(state.run.run_id)
             except (errors.LeaseLost, errors.CommitInDoubt, errors.LedgerUnavailable):
                 raise  # nothing more is written; the run is left for recovery
@@ -188,7 +188,7 @@ class Executor:
                 batch = self._success(state, output)
             except errors.ArgumentError as exc:
                 return self._finish_failed(state, exc)
-            yield requests.Commit(batch)
+            yield machine_io.Commit(batch)
             return port.run(state.run.run_id)
 
     # -- claiming -------------------------------------------------------------------------------
@@ -285,7 +285,7 @@ class Executor:
             return  # an operator's cancel or compensate came first: it decides how the run ends
         port = self._port
         now = port.clock()
-        control = {"kind": ending.COMPENSATE, "reason": str(exc), "by": "workflow", "at": now}
+        control = {"kind": ControlKind.COMPENSATE, "reason": str(exc), "by": "workflow", "at": now}
         batch = state.batch()
         # Compare-and-swap like a person's request: an operator's cancel or compensate recorded
         # meanwhile wins, and this one is dropped rather than written over it.
@@ -302,8 +302,8 @@ class Executor:
     def _changed_under(self, state: state_mod.RunState) -> bool:
         """Whether the workflow ended without reaching a recorded step with an effect (its code
         changed since: a step removed or renamed); if so, that step is settled from its record and
-        the run paused for a person (``engine.settle_unreached``)."""
-        unreached = engine.unreached(state, None)
+        the run paused for a person (``changed_code.settle_unreached``)."""
+        unreached = changed_code.unreached(state, None)
         if not unreached:
             return False
         why = (
@@ -311,9 +311,9 @@ class Executor:
             + ", ".join(s.step_id for s in unreached)
             + ": its code changed since they ran (a step removed or renamed)"
         )
-        with contextlib.suppress(requests.Suspend):  # the run is paused: that is the point
+        with contextlib.suppress(machine_io.Suspend):  # the run is paused: that is the point
             driver.drive(
-                self._port, state, engine.settle_unreached(self._port, state, unreached, why)
+                self._port, state, changed_code.settle_unreached(self._port, state, unreached, why)
             )
         return True
 
@@ -338,7 +338,8 @@ class Executor:
         return batch
 
     def _finish_failed(self, state: state_mod.RunState, exc: Exception) -> records.RunRecord:
-        """A failure ends the run and lists its effects; nothing is compensated (DESIGN §4)."""
+        """A failure ends the run and lists its effects; nothing is compensated (the decision
+        table's ``technical_failure`` row, docs/decision-table.md)."""
         port = self._port
         now = port.clock()
         effects = [

@@ -15,7 +15,7 @@ from collections.abc import Iterable
 
 
 class FaultPoint(enum.StrEnum):
-    """The windows of the write path (DESIGN §3)."""
+    """The windows of the write path (docs/concepts.md#the-write-path)."""
 
     #: Before the intent commits: nothing is durable, nothing was sent.
     BEFORE_INTENT = "before_intent"

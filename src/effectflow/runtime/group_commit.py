@@ -1,4 +1,5 @@
-"""Group commit: the durable writes of many runs in flight share one transaction (DESIGN §7).
+"""Group commit: the durable writes of many runs in flight share one transaction
+(docs/concepts.md#group-commit).
 
 A writer hands its batch over and waits until the transaction carrying it has committed, so the
 write path is not weakened: an intent is still durable before its call starts. What changes is

@@ -1,5 +1,6 @@
 """The guarded call: one contracted tool call through the whole write path, when the *host* (a
-LangGraph graph, an agent SDK, a durable engine) owns the control flow (DESIGN §10).
+LangGraph graph, an agent SDK, a durable engine) owns the control flow
+(docs/concepts.md#the-guarded-call).
 
 The host gives its durable identity: a ``scope`` (a thread and checkpoint namespace, a workflow id,
 a session) and a ``call_id`` (the model's tool-call id, the host's step id). Each (scope, call id)
@@ -35,24 +36,20 @@ from effectflow.contracts.tool import Tool
 from effectflow.ledger import records
 from effectflow.ledger.records import RunStatus, StepStatus
 from effectflow.ledger.store import LedgerStore
+from effectflow.runtime import guard_input
 from effectflow.runtime.context import Context
 
 #: The built-in workflow every guarded call runs as.
 WORKFLOW_NAME = "effectflow.guarded_call"
 #: Its one step.
 STEP_ID = "call"
-#: What a model is told about a call that may or may not have happened (DESIGN §8).
+#: What a model is told about a call that may or may not have happened
+#: (docs/concepts.md#agents-and-models).
 MAY_HAVE_HAPPENED = "this may or may not have happened; do not repeat it; it is being checked"
 #: What a model is told about a call waiting for a person's approval.
 WAITS_FOR_APPROVAL = "this needs a person's approval before it is done; do not repeat it"
 #: How long a replay waits for the same call that another live process is executing (seconds).
 IN_PROGRESS_WAIT = 30.0
-#: The most UTF-8 bytes a scope and a call id may hold together: both are indexed, and
-#: PostgreSQL's index rows are bounded (about 2.7 kB, for the scope index and for the operation
-#: key a request makes of both).
-MAX_HOST_ID_BYTES = 2048
-#: The largest canonical arguments of a guarded call (the limit of every recorded step).
-MAX_PAYLOAD_BYTES = 1_000_000
 
 
 class Host(Protocol):
@@ -181,77 +178,6 @@ def run_id_of(tenant: str, scope: str, call_id: str) -> str:
     return "guard-" + digests.sha256_hex(digests.canonical_json([tenant, scope, call_id]))[:24]
 
 
-def _json_values_only(value: Any, path: str) -> None:
-    """Refuse bytes in a guarded call's arguments: the run records their JSON form, and a replay
-    (or a worker recovering the call) would hand the tool that form, not the bytes. A host's tool
-    call is JSON; pass text (e.g. base64) instead."""
-    stack = [(value, path)]
-    while stack:
-        item, where = stack.pop()
-        if isinstance(item, bytes | bytearray | memoryview):
-            raise errors.ArgumentError(
-                f"{where}: bytes cannot be a guarded call's argument (a recovered call would get "
-                "their JSON form, not the bytes); pass text, e.g. base64. Nothing was recorded"
-            )
-        if isinstance(item, Mapping) and len(stack) < 100_000:
-            stack.extend((v, f"{where}.{k}") for k, v in item.items())
-        elif isinstance(item, list | tuple) and len(stack) < 100_000:
-            stack.extend((v, f"{where}[{i}]") for i, v in enumerate(item))
-
-
-def _checked(rt: Host, tool: Tool[..., Any] | str, scope: Any, call_id: Any) -> Tool[..., Any]:
-    """The tool to call, after refusing what cannot be a guarded call (nothing is recorded)."""
-    for name, value in (("scope", scope), ("call_id", call_id)):
-        if not isinstance(value, str) or not value.strip():
-            raise errors.ArgumentError(
-                f"guarded call: {name} must be a non-empty string (the host's durable id), not "
-                f"{value!r}; nothing was recorded"
-            )
-        try:
-            size = len(value.encode("utf-8"))
-        except UnicodeEncodeError:
-            raise errors.ArgumentError(
-                f"guarded call: {name} holds a lone surrogate, which has no UTF-8 form; nothing "
-                "was recorded"
-            ) from None
-        if "\x00" in value:
-            raise errors.ArgumentError(
-                f"guarded call: {name} holds a NUL character, which PostgreSQL cannot store; "
-                "nothing was recorded"
-            )
-        if size > MAX_HOST_ID_BYTES:
-            raise errors.ArgumentError(
-                f"guarded call: {name} is {size} bytes, over the {MAX_HOST_ID_BYTES}-byte limit "
-                "for a host id (it is indexed); pass a shorter id or a digest of it. Nothing was "
-                "recorded"
-            )
-    together = len(scope.encode("utf-8")) + len(call_id.encode("utf-8"))
-    if together > MAX_HOST_ID_BYTES:
-        raise errors.ArgumentError(
-            f"guarded call: scope and call_id are {together} bytes together, over the "
-            f"{MAX_HOST_ID_BYTES}-byte limit (a request's operation key holds both); pass shorter "
-            "ids. Nothing was recorded"
-        )
-    if isinstance(tool, str):
-        return rt.registry.tool(tool)
-    if not isinstance(tool, Tool):
-        raise errors.ContractError(
-            f"guarded call: {tool!r} is not a tool; decorate it with @ef.tool(...) so its "
-            "side-effect contract is known. Nothing was recorded."
-        )
-    try:
-        known = rt.registry.tool(tool.ref)
-    except errors.ContractError:
-        rt.registry.add_tool(tool)  # a worker recovering the call must find it the same way
-        return tool
-    if known is not tool and known.fn.__qualname__ != tool.fn.__qualname__:
-        raise errors.ContractError(
-            f"guarded call: another tool is registered as {tool.ref} "
-            f"({known.fn.__qualname__}); give this one another name or version"
-        )
-    return known
-
-
 def call(
     rt: Host,
     tool: Tool[..., Any] | str,
@@ -263,7 +189,7 @@ def call(
     new_request: bool = False,
 ) -> Guarded:
     """``Runtime.guard`` (documented there)."""
-    made = _checked(rt, tool, scope, call_id)
+    made = guard_input.checked_tool(rt.registry, tool, scope, call_id)
     if isinstance(known_call_ids, str | bytes) or not all(
         isinstance(c, str) for c in known_call_ids
     ):
@@ -277,13 +203,13 @@ def call(
             f"values, not {type(arguments).__name__}; nothing was recorded"
         )
     named = made.bind_arguments((), dict(arguments))  # wrong arguments: ArgumentError, no run
-    _json_values_only(named, f"{made.name}.args")
+    guard_input.json_values_only(named, f"{made.name}.args")
     normalized = digests.to_jsonable(named, path=f"{made.name}.args")
     size = len(digests.canonical_json(normalized).encode("utf-8"))
-    if size > MAX_PAYLOAD_BYTES:
+    if size > guard_input.MAX_PAYLOAD_BYTES:
         raise errors.ArgumentError(
             f"guarded call of {made.ref}: the arguments are {size} bytes of JSON, over the "
-            f"{MAX_PAYLOAD_BYTES}-byte limit; pass a reference (an id, a URL) instead. Nothing "
+            f"{guard_input.MAX_PAYLOAD_BYTES}-byte limit; pass a reference (an id, a URL) instead. Nothing "
             "was recorded"
         )
     run_id = run_id_of(rt.tenant, scope, call_id)
@@ -386,7 +312,7 @@ def _decide_operation(
     - none happened (declined, rejected, not committed, failed): this call is a request of its
       own, the first that may happen;
     - the host's conversation shows the latest one's result (``known_call_ids``): the model asked
-      again knowingly, a request of its own (DESIGN §10);
+      again knowingly, a request of its own (docs/concepts.md#the-guarded-call);
     - else this call is that one regenerated (the host lost the turn that showed it): the same
       operation, answered with its result.
     """

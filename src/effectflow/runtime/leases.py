@@ -28,6 +28,7 @@ from effectflow.ledger import records
 from effectflow.ledger.records import RunStatus
 from effectflow.ledger.store import LedgerStore
 from effectflow.runtime import state as state_mod
+from effectflow.runtime import views
 
 log = logging.getLogger(__name__)
 
@@ -87,10 +88,13 @@ def held_elsewhere(run: records.RunRecord, now: float) -> bool:
 class Leases:
     """The runs this runtime holds, and the heartbeat that keeps their leases."""
 
-    def __init__(self, store: LedgerStore, *, clock: Callable[[], float], ttl: float) -> None:
+    def __init__(
+        self, store: LedgerStore, *, clock: Callable[[], float], ttl: float, owner: str
+    ) -> None:
         self._store = store
         self._clock = clock
         self._ttl = ttl
+        self._owner = owner
         self._held: dict[str, state_mod.RunState] = {}
         # Runs this runtime executed and stopped executing, oldest first (a bounded memory: a run
         # forgotten here is still recovered once its lease expires).
@@ -131,6 +135,23 @@ class Leases:
         owner that it stopped executing has nobody executing it: it is recoverable at once."""
         with self._lock:
             return run_id in self._stopped and run_id not in self._held
+
+    def owner_gone(self, run: records.RunRecord) -> str | None:
+        """How we know the owner of ``run``'s lease executes it no more, or None if it may.
+
+        Another process's owner is gone when its pid is dead on this host; this runtime's own owner
+        when it stopped executing the run (it gave up after an error) without giving the lease up.
+        Only the lease's expiry can tell for an owner on another host.
+        """
+        owner = run.lease_owner
+        if owner is None or run.status not in views.EXECUTING:
+            return None
+        if owner == self._owner:
+            return "this process stopped executing it" if self.stopped(run.run_id) else None
+        if not owner_alive(owner):
+            pid = owner.split(":")[1]
+            return f"process {pid} on this host is not running"
+        return None
 
     def held(self) -> list[state_mod.RunState]:
         """The states of the runs held now."""

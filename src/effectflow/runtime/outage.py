@@ -1,5 +1,5 @@
 """A ledger that is briefly away (a PostgreSQL restart, a cut connection, a locked or full SQLite
-file) must not turn an effect into a pretended failure (DESIGN §9, "no effect out of sight").
+file) must not turn an effect into a pretended failure (docs/concepts.md#no-effect-out-of-sight).
 
 Between a call and its outcome's record the effect may exist while the ledger says only
 ``intent_recorded``: that outcome write is retried, each time on a fresh connection (the pool drops a

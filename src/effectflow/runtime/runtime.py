@@ -1,8 +1,9 @@
 """``ef.Runtime``: start, resume, recover and reconcile runs; read the ledger; settle unknowns.
 
 A facade: each method checks its arguments and hands the work to the module that owns it — the
-executor (``executor``) runs workflows, ``starting`` records runs, ``stopping`` cancels and
-compensates, ``people`` records a person's decisions, ``guard`` makes guarded calls. Those modules
+executor (``executor``) runs workflows, ``starting`` records runs, ``stop_requests`` cancels and
+compensates, ``approvals`` and ``resolution`` record a person's decisions, ``guard`` makes guarded
+calls. Those modules
 get the runtime's ``port.Port`` (its ledger, registry, clock, faults and writer), never the runtime.
 """
 
@@ -22,10 +23,10 @@ from effectflow.contracts.workflow import Workflow
 from effectflow.ledger import records
 from effectflow.ledger.records import NextAction, RunStatus
 from effectflow.ledger.store import AuditProblem, LedgerStore, open_store
-from effectflow.runtime import group_commit as group_commit_mod
+from effectflow.runtime import approvals, reconciler, resolution, starting, stop_requests, views
+from effectflow.runtime import attention as attention_mod
 from effectflow.runtime import guard as guard_mod
 from effectflow.runtime import leases as leases_mod
-from effectflow.runtime import people, starting, stopping, views
 from effectflow.runtime.executor import Executor
 from effectflow.runtime.faults import NO_FAULTS, FaultPlan
 from effectflow.runtime.port import Port
@@ -77,38 +78,19 @@ class Runtime:
         # Every runtime can run (and recover) guarded calls.
         self.registry.add_workflow(guard_mod.WORKFLOW)
         #: The runs this runtime executes now, and the heartbeat renewing their leases.
-        self.leases = leases_mod.Leases(self.store, clock=clock, ttl=lease_ttl)
-        #: Shares transactions between the writes of runs executed concurrently on threads (None:
-        #: off). Unless told, the backend's measured default (BENCHMARKS.md, "Workers"): on for
-        #: SQLite, off for PostgreSQL, which flushes concurrent commits together by itself.
-        threads = self.store.group_commit_default if group_commit is None else group_commit
-        self.committer = (
-            group_commit_mod.GroupCommitter(
-                self.store,
-                lease_ttl=lease_ttl,
-                clock=clock,
-                max_parallel=self.store.max_concurrent_writers,
-            )
-            if threads
-            else None
-        )
-        #: The same for runs driven by asyncio (``start_async``): coroutines that commit in the
-        #: same turn of the event loop share a transaction (None: off). On unless
-        #: ``group_commit=False``, on both backends: with no threads there is no GIL handoff or
-        #: lock held across a round trip to pay for it (BENCHMARKS.md, "Async group commit").
-        self.async_committer = (
-            group_commit_mod.AsyncGroupCommitter(self.store, lease_ttl=lease_ttl, clock=clock)
-            if group_commit is not False
-            else None
-        )
-        writer = LedgerWriter(
+        self.leases = leases_mod.Leases(self.store, clock=clock, ttl=lease_ttl, owner=self.owner)
+        writer = LedgerWriter.open(
             self.store,
             clock=clock,
             lease_ttl=lease_ttl,
             ledger_retry=ledger_retry,
-            committer=self.committer,
-            async_committer=self.async_committer,
+            group_commit=group_commit,
         )
+        #: Shares transactions between the writes of runs executed concurrently on threads (None:
+        #: off); by default on for SQLite, off for PostgreSQL (``LedgerWriter.open``).
+        self.committer = writer.committer
+        #: The same for runs driven by asyncio (``start_async``), on unless ``group_commit=False``.
+        self.async_committer = writer.async_committer
         self._port = Port(
             store=self.store,
             registry=self.registry,
@@ -296,7 +278,7 @@ class Runtime:
         now = self.clock()
         candidates = {r.run_id: r for r in self.store.runs_to_recover(now=now, limit=limit)}
         for run in self.store.leased_running_runs(limit=limit):
-            if self._owner_gone(run) is not None:
+            if self.leases.owner_gone(run) is not None:
                 candidates.setdefault(run.run_id, run)
         finished = []
         for run in candidates.values():
@@ -312,26 +294,9 @@ class Runtime:
                 on_run(left)
         return finished
 
-    def _owner_gone(self, run: records.RunRecord) -> str | None:
-        """How we know the owner of ``run``'s lease executes it no more, or None if it may.
-
-        Another process's owner is gone when its pid is dead on this host; this runtime's own owner
-        when it stopped executing the run (it gave up after an error) without giving the lease up.
-        Only the lease's expiry can tell for an owner on another host.
-        """
-        owner = run.lease_owner
-        if owner is None or run.status not in views.EXECUTING:
-            return None
-        if owner == self.owner:
-            return "this process stopped executing it" if self.leases.stopped(run.run_id) else None
-        if not leases_mod.owner_alive(owner):
-            pid = owner.split(":")[1]
-            return f"process {pid} on this host is not running"
-        return None
-
     def interruption(self, run: records.RunRecord) -> str | None:
         """Why ``run`` is interrupted (running, but nobody executes it), or None."""
-        return views.interruption(run, now=self.clock(), owner_gone=self._owner_gone(run))
+        return views.interruption(run, now=self.clock(), owner_gone=self.leases.owner_gone(run))
 
     def run_view(self, run: records.RunRecord) -> views.RunView:
         """``run`` as people see it: with whether it is interrupted (``effectflow runs``, ``show``,
@@ -347,41 +312,19 @@ class Runtime:
         ``needs_attention`` with the run paused again. Runs whose in-doubt steps have no lookup (nor a
         key the provider honours) are left for a person; the result lists every run touched.
         """
-        touched = []
-        paused = self.store.list_runs(
-            tenant=self.tenant,
-            statuses=[RunStatus.PAUSED, RunStatus.CANCELLED_PENDING_RECONCILIATION],
-            limit=limit,
-        )
-        for run in paused:
-            doubtful = [
-                s for s in self.store.steps(run.run_id) if s.status in records.IN_DOUBT_STATUSES
-            ]
-            if not doubtful:
-                if run.status is RunStatus.CANCELLED_PENDING_RECONCILIATION:
-                    # Its unknowns were settled meanwhile (a late answer, a lookup elsewhere):
-                    # the cancel can conclude.
-                    touched.append(self.resume(run.run_id, by="reconciler"))
-                continue
-            if not any(self._can_settle(s) for s in doubtful):
-                continue
-            touched.append(self.resume(run.run_id, by="reconciler"))
+        touched = [
+            self.resume(run_id, by="reconciler")
+            for run_id in reconciler.runs_to_resume(self._port, limit=limit)
+        ]
         touched.extend(self.recover(limit=limit))
         return touched
-
-    def _can_settle(self, step: records.StepRecord) -> bool:
-        try:
-            contract = self.registry.tool(step.tool).contract
-        except errors.ContractError:
-            return False
-        return contract.confirm is not None or contract.idempotency.supported
 
     # -- stopping runs ----------------------------------------------------------------------------
 
     def cancel(
         self, run_id: str, *, reason: str | None = None, by: str = "operator"
     ) -> records.Inventory:
-        """Cancel a run (DESIGN §5) and return what it left in the world.
+        """Cancel a run (docs/concepts.md#cancel) and return what it left in the world.
 
         Steps not started do not start; a call in progress at the provider is stopped where its tool
         declares a cancel operation, else it lands and is classified; confirmed effects are never
@@ -392,7 +335,7 @@ class Runtime:
         settle). A run another live worker holds gets the request and stops at its next step
         boundary; the inventory then lists its call in flight and the run is ``cancelling``.
         """
-        return stopping.cancel(self._port, self._executor, run_id, reason=reason, by=by)
+        return stop_requests.cancel(self._port, self._executor, run_id, reason=reason, by=by)
 
     def compensate(self, run_id: str, *, reason: str, by: str = "operator") -> records.RunRecord:
         """The business goal of a run is abandoned: run the compensation policy on its effects.
@@ -406,7 +349,7 @@ class Runtime:
             errors.StaleState: another control (a cancel) was recorded on the run while this one
                 was decided; nothing was recorded.
         """
-        return stopping.compensate(self._port, self._executor, run_id, reason=reason, by=by)
+        return stop_requests.compensate(self._port, self._executor, run_id, reason=reason, by=by)
 
     def approve(
         self,
@@ -424,7 +367,7 @@ class Runtime:
             errors.StaleState: the step is not waiting for an approval.
             errors.IdempotencyConflict: ``approval_id`` was already used for something else.
         """
-        replayed = people.approve(
+        replayed = approvals.approve(
             self._port, run_id, step_id, approver=approver, approval_id=approval_id, note=note
         )
         return replayed or self.resume(run_id, by=approver)
@@ -441,7 +384,7 @@ class Runtime:
                 never asked); nothing is recorded.
             errors.ArgumentError: ``by`` or ``reason`` is empty.
         """
-        replayed = people.reject(self._port, run_id, step_id, by=by, reason=reason)
+        replayed = approvals.reject(self._port, run_id, step_id, by=by, reason=reason)
         return replayed or self.resume(run_id, by=by)
 
     @staticmethod
@@ -472,7 +415,7 @@ class Runtime:
             errors.StaleState: the effect moved on (another version, or it is no longer unknown).
             errors.IdempotencyConflict: the same ``decision_id`` was used with other parameters.
         """
-        effect, waited = people.resolve(
+        effect, waited = resolution.resolve(
             self._port,
             effect_id,
             committed=committed,
@@ -555,38 +498,10 @@ class Runtime:
         approvals, failed compensations.
 
         An effect in doubt (``intent_recorded``, ``unknown``, ``needs_attention``) is left out only
-        while its run is running under a live lease: its owner is settling it now (DESIGN §9).
+        while its run is running under a live lease: its owner is settling it now
+        (docs/concepts.md#no-effect-out-of-sight).
         """
-        now = self.clock()
-        doubtful = self.store.effects_in_doubt(tenant=self.tenant, now=now, limit=limit)
-        # Unexpired leases whose owner is known gone cover nothing: their effects are listed too.
-        for run in self.store.leased_running_runs(limit=max(limit, 1000)):
-            covered = run.tenant == self.tenant and (run.lease_expires_at or 0) >= now
-            if covered and self._owner_gone(run) is not None:
-                doubtful += self.store.effects(
-                    tenant=self.tenant,
-                    run_id=run.run_id,
-                    statuses=[s.value for s in records.IN_DOUBT_STATUSES],
-                )
-        waiting = self.store.list_runs(
-            tenant=self.tenant, statuses=[s.value for s in views.WAITING_RUNS], limit=limit
-        )
-        failed = [
-            e
-            for run in waiting
-            for e in self.store.effects(tenant=self.tenant, run_id=run.run_id, limit=10_000)
-            if e.compensation_status == "compensation_failed"
-        ]
-        runs_of: dict[str, views.RunView] = {}
-        for effect in doubtful:
-            if effect.run_id not in runs_of:
-                owning = self.store.get_run(effect.run_id, tenant=self.tenant)
-                if owning is not None:
-                    runs_of[owning.run_id] = self.run_view(owning)
-        steps_of = {run.run_id: self.store.steps(run.run_id) for run in waiting}
-        return views.attention(waiting, steps_of, doubtful + failed, runs_of_effects=runs_of)[
-            :limit
-        ]
+        return attention_mod.attention(self._port, self.leases, limit=limit)
 
     def verify_audit(self, run_id: str | None = None) -> list[AuditProblem]:
         """Recompute the audit hash chains; an empty list means intact."""

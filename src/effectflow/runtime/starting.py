@@ -11,7 +11,7 @@ from effectflow.contracts.workflow import Workflow
 from effectflow.ledger import records
 from effectflow.ledger.records import NextAction, RunStatus
 from effectflow.ledger.store import Batch
-from effectflow.runtime import guard, requests
+from effectflow.runtime import guard, machine_io
 from effectflow.runtime.port import Port
 
 
@@ -95,7 +95,7 @@ def _new_run(
     normalized = digests.to_jsonable(input, path="input")
     workflow.check_input(input)
     input_digest = digests.digest(normalized)
-    run_id = requests.new_id("run") if run_id is None else digests.check_id(run_id, path="run_id")
+    run_id = machine_io.new_id("run") if run_id is None else digests.check_id(run_id, path="run_id")
     existing = port.store.get_run(run_id)
     if existing is not None:
         if existing.tenant != port.tenant or existing.workflow != workflow.name:

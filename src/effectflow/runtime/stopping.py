@@ -1,163 +1,112 @@
-"""An operator's request to stop a run: ``rt.cancel`` and ``rt.compensate``.
+"""How a run ends when it is asked to stop: a cancel (``rt.cancel``) or an abandoned goal
+(``ef.AbandonGoal``, ``rt.compensate``), docs/decision-table.md, the goal-abandoned rows, and
+docs/concepts.md#cancel.
 
-The request is recorded on the run compare-and-swap, so of two concurrent requests (two cancels, a
-cancel and a compensate) exactly one is recorded. A run no live worker holds is taken by the same
-write and the request is applied here at once; a run another live worker holds gets the request,
-and stops at its next step boundary (it learns of it with its next write).
+Two rules shape everything here:
+
+- A compensation is a new effect, never an "undo" (``compensation``); the original stays
+  ``confirmed``.
+- Nothing here runs because something *technical* failed. A run that fails keeps its effects as
+  facts; only an abandoned goal or a cancel (with the ``cancelled`` trigger) lead here.
+
+``stop_requests`` records the request; this module applies it to a run this process holds.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
-from effectflow import errors
 from effectflow.ledger import records
-from effectflow.ledger.records import RunStatus
-from effectflow.ledger.store import Batch
-from effectflow.runtime import ending, leases
-from effectflow.runtime.executor import Executor
+from effectflow.ledger.records import CompensationStatus, ControlKind
+from effectflow.policies import compensation as compensation_policy
+from effectflow.policies import inventory as inventory_policy
+from effectflow.runtime import cancel, compensation
+from effectflow.runtime import inventory as inventory_mod
+from effectflow.runtime import state as state_mod
 from effectflow.runtime.port import Port
 
-#: How many times a cancel or compensate is decided again when the run's lease or status moved
-#: under it (a worker claimed or paused it) before its request could be recorded.
-_CONTROL_RACES = 3
 
+def finish(port: Port, state: state_mod.RunState) -> records.RunRecord:
+    """Apply the run's control request (cancel or compensate) and give the run its end state.
 
-def cancel(
-    port: Port, executor: Executor, run_id: str, *, reason: str | None, by: str
-) -> records.Inventory:
-    """``Runtime.cancel`` (documented there)."""
-    run = port.run(run_id)
-    for _ in range(_CONTROL_RACES):
-        cancelled = (
-            run.control is not None
-            and run.control.get("kind") == ending.CANCEL
-            and run.status is not RunStatus.CANCELLED_PENDING_RECONCILIATION
-        )
-        # A cancel already recorded answers this one: a worker is applying it (it holds the
-        # run), or it was applied; only a run whose cancelling worker died is taken over.
-        if run.status.terminal or (
-            cancelled
-            and (leases.held_elsewhere(run, port.clock()) or run.status is not RunStatus.RUNNING)
-        ):
-            return ending.inventory(port, run)
-        control = {"kind": ending.CANCEL, "reason": reason, "by": by, "at": port.clock()}
-        held = leases.held_elsewhere(run, port.clock())
-        workflow = None if held else port.registry.workflow(run.workflow)
-        try:
-            taken = _record(port, run, control, RunStatus.CANCELLING, take=not held)
-        except errors.StaleState as exc:
-            run, answered = _raced(port, run, exc, control)
-            if answered:  # another cancel was recorded first: it is this one's answer
-                return ending.inventory(port, run)
-            continue
-        if workflow is None:
-            flying = frozenset(ending.cancel_calls_in_flight(port, run))
-            return ending.inventory(port, port.run(run_id), in_flight=flying)
-        return ending.inventory(port, executor.apply_control(taken, workflow, control))
-    raise _kept_moving(run_id, ending.CANCEL)
-
-
-def compensate(
-    port: Port, executor: Executor, run_id: str, *, reason: str, by: str
-) -> records.RunRecord:
-    """``Runtime.compensate`` (documented there)."""
-    if not reason:
-        raise errors.ArgumentError("compensate needs a reason: the business condition")
-    run = port.run(run_id)
-    for _ in range(_CONTROL_RACES):
-        compensating = run.control is not None and run.control.get("kind") == ending.COMPENSATE
-        if run.status is RunStatus.COMPENSATED or (
-            compensating and leases.held_elsewhere(run, port.clock())
-        ):
-            return run  # done, or a worker is applying the compensate already recorded
-        control = {"kind": ending.COMPENSATE, "reason": reason, "by": by, "at": port.clock()}
-        held = leases.held_elsewhere(run, port.clock())
-        workflow = None if held else port.registry.workflow(run.workflow)
-        try:
-            taken = _record(port, run, control, None, take=not held)
-        except errors.StaleState as exc:
-            run, answered = _raced(port, run, exc, control)
-            if answered:  # another compensate was recorded first: it answers this one
-                return run
-            continue
-        if workflow is None:
-            return port.run(run_id)
-        return executor.apply_control(taken, workflow, control)
-    raise _kept_moving(run_id, ending.COMPENSATE)
-
-
-def _record(
-    port: Port,
-    run: records.RunRecord,
-    control: dict[str, Any],
-    status: RunStatus | None,
-    *,
-    take: bool,
-) -> records.RunRecord:
-    """Record an operator's control request on ``run`` as it was read (compare-and-swap).
-
-    The batch is refused (``StaleState``) unless the run still has the control, status and
-    lease it was read with. With ``take`` the same write takes the run's lease for this process,
-    which then applies the control (no worker holds the run); without, it is left for the worker
-    holding the run, which reads it with its next write.
-
-    Returns the run as recorded.
+    Safe to call again after a crash or a pause: every step it takes is recorded, compensations are
+    step machines (so an interrupted one is continued with its original key, never repeated), and
+    the end state is computed from the ledger's facts.
     """
+    control = state.control
+    assert control is not None
+    kind = ControlKind(control.get("kind", ControlKind.CANCEL))
+    if kind is ControlKind.CANCEL:
+        cancel.stop_unstarted(port, state)
+        cancel.stop_in_progress(port, state)
+        cancel.settle_unknowns(port, state)
+    waiting = compensation.compensate(port, state, compensation_policy.trigger_of(kind))
+    return _conclude(port, state, kind, waiting)
+
+
+def _conclude(
+    port: Port, state: state_mod.RunState, kind: ControlKind, waiting: str | None
+) -> records.RunRecord:
+    """Record the run's end state, computed from its inventory (``policies.inventory``)."""
+    run = state.run
+    inv = inventory_mod.inventory(port, run)
+    failed = [
+        s.step_id
+        for s in state.steps.values()
+        if s.compensation_status == CompensationStatus.COMPENSATION_FAILED
+    ]
+    originals = [
+        e
+        for e in port.store.effects(tenant=None, run_id=run.run_id, limit=100_000)
+        if e.compensates is None and e.status in inventory_policy.HAPPENED
+    ]
+    status, next_action = inventory_policy.end_state(
+        kind,
+        unknown=bool(inv.unknown),
+        happened=bool(originals),
+        all_compensated=bool(originals)
+        and all(e.compensation_status == CompensationStatus.COMPENSATED for e in originals),
+        needs_person=bool(waiting or failed),
+    )
+    error: dict[str, Any] | None = None
+    if waiting or failed or inv.unknown:
+        error = {
+            "code": "needs_attention" if failed or inv.unknown else "approval_required",
+            "message": _why(waiting, failed, inv.unknown),
+            "step_id": waiting or (failed[0] if failed else None),
+            "unknown_effects": inv.unknown,
+        }
     now = port.clock()
-    batch = Batch(run.run_id, lease_token=None)
-    batch.expect_run(
-        control=(run.control,),
-        status=run.status,
-        lease_token=run.lease_token,
-        lease_owner=(run.lease_owner,),
+    batch = state.batch()
+    batch.run_changes.update(
+        status=status,
+        next_action=next_action,
+        error=error,
+        lease_owner=None,
+        lease_expires_at=None,
     )
-    changes: dict[str, Any] = {"control": control}
-    if status is not None:
-        changes["status"] = status
-    if take:
-        changes.update(
-            error=None,
-            lease_owner=port.owner,
-            lease_token=run.lease_token + 1,
-            lease_expires_at=now + port.lease_ttl,
+    if not (status is records.RunStatus.PAUSED and waiting):
+        # (A waiting compensation's step already said run_paused.)
+        batch.event(
+            "run_" + status.value,
+            now,
+            control=kind,
+            confirmed=inv.confirmed,
+            unknown=inv.unknown,
+            compensated=inv.compensated,
+            compensation_pending=inv.compensation_pending,
+            cancelled_steps=inv.cancelled_steps,
         )
-    batch.run_changes.update(changes)
-    batch.event(
-        f"{control['kind']}_requested", now, actor=control["by"], reason=control.get("reason")
-    )
-    port.store.apply(batch, lease_ttl=port.lease_ttl, now=now)
-    return dataclasses.replace(run, **changes, updated_at=now)
+    port.writer.commit(state, batch)
+    return port.run(run.run_id)
 
 
-def _raced(
-    port: Port, seen: records.RunRecord, refused: errors.StaleState, control: dict[str, Any]
-) -> tuple[records.RunRecord, bool]:
-    """After the store refused a control request: the run as it is now, and whether a request
-    of the same kind was recorded meanwhile (it answers this one). When only the run's lease or
-    status moved, the caller decides again on the fresh run.
-
-    Raises:
-        errors.StaleState: a request of another kind was recorded first; this one is refused.
-    """
-    fresh = port.run(seen.run_id)
-    if fresh.control == seen.control:
-        return fresh, False
-    won = fresh.control or {}
-    if won.get("kind") == control["kind"]:
-        return fresh, True
-    raise errors.StaleState(
-        f"run {seen.run_id}: a {won.get('kind')} request by {won.get('by')} was recorded while "
-        f"this {control['kind']} was being decided; nothing was recorded. Look at the run as "
-        "it is now and decide again",
-        run_id=seen.run_id,
-    ) from refused
-
-
-def _kept_moving(run_id: str, kind: str) -> errors.StaleState:
-    return errors.StaleState(
-        f"run {run_id} changed each time the {kind} was about to be recorded; nothing was "
-        "recorded: try again",
-        run_id=run_id,
-    )
+def _why(waiting: str | None, failed: list[str], unknown: list[str]) -> str:
+    parts = []
+    if waiting:
+        parts.append(f"compensation {waiting} waits for an approval or a person")
+    if failed:
+        parts.append(f"compensation of {', '.join(failed)} failed or missed its deadline")
+    if unknown:
+        parts.append(f"{len(unknown)} effect(s) are unknown and queued for confirmation")
+    return "; ".join(parts)

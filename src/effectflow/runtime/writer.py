@@ -13,12 +13,51 @@ from typing import Any
 from effectflow import errors
 from effectflow.ledger.local import LocalTransaction
 from effectflow.ledger.store import Batch, LedgerStore
-from effectflow.runtime import group_commit, outage
+from effectflow.runtime import group_commit as group_commit_mod
+from effectflow.runtime import outage
 from effectflow.runtime import state as state_mod
 
 
 class LedgerWriter:
     """Makes the batches of the runs a runtime executes durable."""
+
+    @classmethod
+    def open(
+        cls,
+        store: LedgerStore,
+        *,
+        clock: Callable[[], float],
+        lease_ttl: float,
+        ledger_retry: float,
+        group_commit: bool | None,
+    ) -> LedgerWriter:
+        """A writer with the group committers ``group_commit`` asks for (None: the defaults)."""
+        # Threads: unless told, the backend's measured default (BENCHMARKS.md, "Workers"): on for
+        # SQLite, off for PostgreSQL, which flushes concurrent commits together by itself.
+        threads = store.group_commit_default if group_commit is None else group_commit
+        committer = (
+            group_commit_mod.GroupCommitter(
+                store, lease_ttl=lease_ttl, clock=clock, max_parallel=store.max_concurrent_writers
+            )
+            if threads
+            else None
+        )
+        # Asyncio: on unless ``group_commit=False``, on both backends: with no threads there is
+        # no GIL handoff or lock held across a round trip to pay for it (BENCHMARKS.md, "Async
+        # group commit").
+        async_committer = (
+            group_commit_mod.AsyncGroupCommitter(store, lease_ttl=lease_ttl, clock=clock)
+            if group_commit is not False
+            else None
+        )
+        return cls(
+            store,
+            clock=clock,
+            lease_ttl=lease_ttl,
+            ledger_retry=ledger_retry,
+            committer=committer,
+            async_committer=async_committer,
+        )
 
     def __init__(
         self,
@@ -27,15 +66,19 @@ class LedgerWriter:
         clock: Callable[[], float],
         lease_ttl: float,
         ledger_retry: float,
-        committer: group_commit.GroupCommitter | None,
-        async_committer: group_commit.AsyncGroupCommitter | None,
+        committer: group_commit_mod.GroupCommitter | None,
+        async_committer: group_commit_mod.AsyncGroupCommitter | None,
     ) -> None:
         self._store = store
         self._clock = clock
         self._lease_ttl = lease_ttl
         self._ledger_retry = ledger_retry
-        self._committer = committer
-        self._async_committer = async_committer
+        #: Shares transactions between the writes of runs executed concurrently on threads (None:
+        #: off).
+        self.committer = committer
+        #: The same for runs driven by asyncio: coroutines that commit in the same turn of the
+        #: event loop share a transaction (None: off).
+        self.async_committer = async_committer
 
     def commit(self, state: state_mod.RunState, batch: Batch) -> None:
         """Make a batch durable under the run's lease (the drivers call this); with group commit,
@@ -48,8 +91,8 @@ class LedgerWriter:
 
         def apply() -> tuple[float, dict[str, Any] | None]:
             renewed = self._fence(state, batch)
-            if self._committer is not None:
-                return renewed, self._committer.commit(batch)
+            if self.committer is not None:
+                return renewed, self.committer.commit(batch)
             return renewed, self._store.apply(batch, lease_ttl=self._lease_ttl, now=renewed)
 
         renewed, control = outage.write(
@@ -72,8 +115,8 @@ class LedgerWriter:
 
     async def apply_async(self, batch: Batch, now: float) -> dict[str, Any] | None:
         """Through the async group committer when it is on, else alone."""
-        if self._async_committer is not None:
-            return await self._async_committer.commit(batch)
+        if self.async_committer is not None:
+            return await self.async_committer.commit(batch)
         return self._store.apply(batch, lease_ttl=self._lease_ttl, now=now)
 
     def commit_with(

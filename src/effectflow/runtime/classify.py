@@ -1,4 +1,5 @@
-"""How a call's result or exception maps to an outcome, a step status and a next action."""
+"""How a call's result or exception, or a lookup's answer, maps to an outcome, a step status and a
+next action."""
 
 from __future__ import annotations
 
@@ -7,24 +8,21 @@ from typing import Any
 
 from effectflow import digests, errors
 from effectflow.contracts.lookup import Lookup
-from effectflow.contracts.tool import Tool
 from effectflow.ledger import records
 from effectflow.ledger.records import NextAction, Outcome, StepStatus
 from effectflow.policies.decision import Situation
-from effectflow.runtime.requests import Result
+from effectflow.runtime.machine_io import Result
+
+#: The error code of a lookup whose "not found" was no proof: the call may still land.
+NOT_FOUND_MAY_STILL_LAND = "not_found_may_still_land"
 
 #: Exceptions that prove nothing was sent.
 _NOTHING_SENT = (errors.NotCommitted, ConnectionRefusedError)
 
 
-def compensation_status(tool: Tool[..., Any]) -> str:
-    if not tool.contract.effect.writes:
-        return "not_applicable"
-    return "not_required" if tool.contract.compensation is None else "available"
-
-
 def classify(result: Result) -> tuple[Outcome, Situation]:
-    """DESIGN §6: only a tool can prove nothing happened; anything else after sending is unknown."""
+    """Only a tool can prove nothing happened; anything else after sending is unknown
+    (docs/concepts.md#what-a-tool-tells-the-runtime)."""
     exc = result.error
     if exc is None:
         return Outcome.COMMITTED, Situation.CONFIRMED

@@ -1,23 +1,27 @@
-"""What every step machine shares: the records it builds and the facts it hands the decision table.
+"""One ``ctx.call`` (or one compensation) on its way to a decided outcome: who it is (step, tool,
+contracts, key, request digest) and the records every path of it builds.
 
-Split from ``engine`` so the write path reads top to bottom there, and the settling paths (lookup,
-completion polling, approvals, asking a person) live in ``settle``.
+A ``StepCall`` is what the paths of the step machine share, by composition: the write path
+(``write_path``, ``calling``, ``outcome``), completion, lookups, approvals, preconditions, cancel and
+compensation each take the call and work on it; none of them is a method of a class that inherits
+the others.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
-from collections.abc import Generator, Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
+from typing import Any
 
 from effectflow import digests, errors
-from effectflow.contracts.tool import EffectClass, Tool, ToolContract
+from effectflow.contracts.tool import Tool
 from effectflow.contracts.workflow import StepContract
 from effectflow.ledger import records
-from effectflow.ledger.records import NextAction, Outcome, StepStatus
-from effectflow.policies import decision
-from effectflow.policies.decision import Situation
-from effectflow.runtime import outcomes, requests
+from effectflow.ledger.records import CompensationStatus, NextAction, Outcome, StepStatus
+from effectflow.ledger.store import Batch
+from effectflow.policies import compensation as compensation_policy
+from effectflow.runtime import classify, machine_io
 from effectflow.runtime import state as state_mod
 from effectflow.runtime.port import Port
 
@@ -25,119 +29,106 @@ from effectflow.runtime.port import Port
 MAX_RESULT_BYTES = 1_000_000
 
 
-class MachineBase:
-    """State and helpers of one ``ctx.call`` (or one compensation) on its way to a decided outcome."""
+class StepCall:
+    """One call of a tool by a step of a run, with what is known of it so far."""
 
-    port: Port
-    state: state_mod.RunState
-    step_id: str
-    tool: Tool[..., Any]
-    contract: ToolContract
-    step_contract: StepContract | None
-    run_id: str
-    effect: records.EffectRecord | None
+    #: The idempotency key (derived at the intent; a recorded step's as recorded).
     key: str
+    #: The digest of the canonical arguments.
     request_digest: str
-    #: For a compensation: the effect it answers.
-    compensates: records.EffectRecord | None
+    #: The canonical arguments (a new call's; a recorded step's are not kept).
+    payload: dict[str, Any]
 
-    if TYPE_CHECKING:  # defined by ``engine.StepMachine``; the settling paths call it too
-
-        def _record_outcome(
-            self,
-            step: records.StepRecord,
-            attempt: records.AttemptRecord,
-            result: requests.Result,
-            *,
-            late: bool = False,
-        ) -> Generator[requests.Request, Any, Situation]: ...
-
-    def _confirm(
+    def __init__(
         self,
-        step: records.StepRecord,
-        effect: records.EffectRecord,
-        output: Any,
-        now: float,
+        port: Port,
+        state: state_mod.RunState,
+        step_id: str,
+        tool: Tool[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
         *,
-        state: str | None = None,
-    ) -> tuple[records.StepRecord, records.EffectRecord]:
-        ext_id = effect.external_effect_id
-        if self.contract.effect_id and isinstance(output, Mapping):
-            found = output.get(self.contract.effect_id)
-            if found is not None:
-                ext_id = str(found)
-        completion = self.contract.completion
-        completion_state = state
-        if completion_state is None and isinstance(output, Mapping):
-            reported = output.get("status", output.get("state"))
-            if completion is not None and reported in completion.states:
-                completion_state = str(reported)
-        if completion_state is None and completion is not None:
-            completion_state = completion.states[0]
-        effect = records.evolve(
-            effect,
-            external_effect_id=ext_id,
-            committed_at=effect.committed_at or now,
-        )
-        step = records.evolve(
-            step,
-            output=output,
-            external_effect_id=ext_id,
-            completion_state=completion_state,
-            error=None,
-        )
-        if self._below_required(step):
-            # Accepted, but the contract requires a later state: the effect exists, the step is not
-            # complete until the provider reports the required state (or a person decides).
-            step = records.evolve(
-                step, status=StepStatus.AWAITING_COMPLETION, next_action=NextAction.WAIT
-            )
-            effect = records.evolve(
-                effect, status=StepStatus.AWAITING_COMPLETION, next_action=NextAction.WAIT
-            )
-            return step, effect
-        step = records.evolve(
-            step,
-            status=StepStatus.CONFIRMED,
-            confirmed_at=now,
-            next_action=NextAction.USE_RESULT,
-        )
-        effect = records.evolve(effect, status=StepStatus.CONFIRMED, next_action=NextAction.NONE)
-        return step, effect
-
-    def _below_required(self, step: records.StepRecord) -> bool:
-        """Whether the step's recorded completion state is earlier than the one it requires."""
-        completion = self.contract.completion
-        required = step.required_state
-        if completion is None or required is None or step.completion_state is None:
-            return False
-        states = list(completion.states)
-        if step.completion_state not in states or required not in states:
-            return False
-        return states.index(step.completion_state) < states.index(required)
-
-    def _required_state(self) -> str | None:
-        """The completion state this step requires, from its contracts (fixed at the intent)."""
-        completion = self.contract.completion
-        if completion is None:
-            return None
-        sc = self.step_contract
-        required = sc.required_state if sc is not None and sc.required_state else None
-        required = required or completion.required
-        if required not in completion.states:
+        operation_id: str | None,
+        target: str | None,
+        observe: str | None = None,
+        compensates: records.EffectRecord | None = None,
+    ) -> None:
+        if isinstance(step_id, Tool):
             raise errors.ContractError(
-                f"step {self.step_id}: required state {required!r} is not one of "
-                f"{self.tool.ref}'s completion states {list(completion.states)}",
-                run_id=self.run_id,
-                step_id=self.step_id,
+                f"ctx.call({step_id.name}, {tool!r}, ...): the step id comes first and the tool "
+                f"second; write ctx.call({tool!r}, {step_id.name}, ...). Nothing was called.",
+                run_id=state.run.run_id,
             )
-        return required
+        if not step_id or not isinstance(step_id, str):
+            raise errors.ContractError(
+                f"ctx.call needs a non-empty string step id as its first argument, not "
+                f"{step_id!r}; nothing was called",
+                run_id=state.run.run_id,
+            )
+        digests.check_id(step_id, path="step id")
+        if not isinstance(tool, Tool):
+            raise errors.ContractError(
+                f"step {step_id}: {tool!r} is not a tool; decorate it with @ef.tool(...) "
+                "so the runtime knows its side-effect contract. Nothing was called.",
+                run_id=state.run.run_id,
+                step_id=step_id,
+            )
+        self.port = port
+        self.state = state
+        self.step_id = step_id
+        self.tool = tool
+        self.contract = tool.contract
+        self.args = args
+        self.kwargs = kwargs
+        self.operation_id = operation_id
+        self.target = target
+        self.step_contract: StepContract | None = state.workflow.steps.get(step_id)
+        self.run_id = state.run.run_id
+        self.effect: records.EffectRecord | None = None
+        self.observe = observe
+        self.compensates = compensates
+        self.revision = 1
 
-    def _mark(
+    @classmethod
+    def for_recorded(
+        cls, port: Port, state: state_mod.RunState, step: records.StepRecord
+    ) -> StepCall | None:
+        """The call of a recorded step, to settle it (its lookup) without its arguments; None when
+        its tool is not registered here."""
+        try:
+            tool = port.registry.tool(step.tool)
+        except errors.ContractError:
+            return None
+        call = cls(
+            port,
+            state,
+            step.step_id,
+            tool,
+            (),
+            {},
+            operation_id=step.logical_operation_id,
+            target=None,
+        )
+        call.key = step.idempotency_key or ""
+        call.request_digest = step.request_digest
+        return call
+
+    def calls_in_doubt(self) -> list[records.AttemptRecord]:
+        """The step's calls that may have committed, with no proof of "not committed" since."""
+        doubtful: list[records.AttemptRecord] = []
+        for attempt in self.state.attempts(self.step_id):
+            if attempt.kind is records.AttemptKind.CALL:
+                if attempt.outcome in (None, Outcome.UNKNOWN):
+                    doubtful.append(attempt)
+            elif attempt.outcome is Outcome.NOT_COMMITTED:
+                doubtful = []  # a lookup or a person proved the calls before it did nothing
+        return doubtful
+
+    def mark(
         self, step: records.StepRecord, status: StepStatus, next_action: NextAction, now: float
     ) -> tuple[records.StepRecord, records.EffectRecord]:
         """The step and its effect moved to ``status`` together (the effect's version bumped)."""
-        effect = self._effect(step)
+        effect = self.effect_of(step)
         step = records.evolve(step, status=status, next_action=next_action, updated_at=now)
         effect = records.evolve(
             effect,
@@ -148,7 +139,8 @@ class MachineBase:
         )
         return step, effect
 
-    def _effect(self, step: records.StepRecord) -> records.EffectRecord:
+    def effect_of(self, step: records.StepRecord) -> records.EffectRecord:
+        """The effect record of ``step`` (the one this call holds, else read from the ledger)."""
         cached = self.effect
         if cached is not None and cached.effect_id == step.effect_id:
             return cached
@@ -163,10 +155,10 @@ class MachineBase:
             )
         return found
 
-    def _new_attempt(self, kind: records.AttemptKind, now: float) -> records.AttemptRecord:
+    def new_attempt(self, kind: records.AttemptKind, now: float) -> records.AttemptRecord:
         known = self.state.attempts(self.step_id)
         return records.AttemptRecord(
-            attempt_id=requests.new_id("att"),
+            attempt_id=machine_io.new_id("att"),
             run_id=self.run_id,
             step_id=self.step_id,
             number=len(known) + 1,
@@ -179,7 +171,7 @@ class MachineBase:
             response_digest=None,
         )
 
-    def _count(self, kind: records.AttemptKind) -> int:
+    def count(self, kind: records.AttemptKind) -> int:
         """Attempts of ``kind`` in this generation and step revision (budgets count per both)."""
         generation = self.state.run.generation
         step = self.state.steps.get(self.step_id)
@@ -190,7 +182,7 @@ class MachineBase:
             if a.kind is kind and a.generation == generation and a.started_at >= since
         )
 
-    def _earlier_call_in_doubt(self, current: records.AttemptRecord) -> bool:
+    def earlier_call_in_doubt(self, current: records.AttemptRecord) -> bool:
         """Whether an earlier call may have committed, with no lookup or person answering it since."""
         in_doubt = False
         for attempt in self.state.attempts(self.step_id):
@@ -202,82 +194,13 @@ class MachineBase:
                 in_doubt = False
         return in_doubt
 
-    def _facts(self, step: records.StepRecord) -> decision.Facts:
-        contract = self.contract
-        sc = self.step_contract
-        if contract.idempotency.supported:
-            # Key-based dedup: only while the provider still remembers the key (its retention);
-            # past it a retry could duplicate.
-            age = self.port.clock() - step.created_at
-            idempotent = self.tool.takes_key and age < contract.idempotency.retention_seconds
-        else:
-            # Natural dedup (an upsert by a natural id, a PUT of the whole state).
-            idempotent = contract.effect is EffectClass.IDEMPOTENT_WRITE
-        kwargs: dict[str, Any] = {}
-        if sc is not None:
-            kwargs["when_unknown"] = sc.when_unknown
-            kwargs["when_not_committed"] = sc.when_not_committed
-        return decision.Facts(
-            effect=contract.effect,
-            idempotent=idempotent,
-            has_lookup=contract.confirm is not None,
-            commit=contract.commit,
-            attempts_used=self._count(records.AttemptKind.CALL),
-            max_attempts=contract.retry.max_attempts,
-            lookups_used=self._count(records.AttemptKind.LOOKUP),
-            max_lookups=contract.retry.max_lookups,
-            has_compensation=contract.compensation is not None,
-            deadline_passed=self._completion_deadline_passed(step),
-            may_still_land=self._last_lookup_code() == "not_found_may_still_land",
-            **kwargs,
-        )
-
-    def _last_lookup_code(self) -> str | None:
-        """The error code of the step's last lookup (``settle.NOT_FOUND_MAY_STILL_LAND``...)."""
-        for attempt in reversed(self.state.attempts(self.step_id)):
-            if attempt.kind is records.AttemptKind.LOOKUP:
-                return None if attempt.error is None else attempt.error.get("code")
-        return None
-
-    def _completion_deadline_passed(self, step: records.StepRecord) -> bool:
-        completion = self.contract.completion
-        if completion is None or step.status is not StepStatus.AWAITING_COMPLETION:
-            return False
-        accepted = self._effect(step).committed_at or step.updated_at
-        return self.port.clock() >= accepted + completion.deadline_seconds
-
-    def _situation_of(self, step: records.StepRecord) -> Situation:
-        status = step.status
-        if status in records.IN_DOUBT_STATUSES:
-            return Situation.IN_DOUBT
-        if any(
-            a.kind is records.AttemptKind.CALL and a.outcome is None
-            for a in self.state.attempts(self.step_id)
-        ):
-            # A call whose outcome was never recorded (its process died during it) may have
-            # committed, whatever the step said before it was sent.
-            return Situation.IN_DOUBT
-        if status in (StepStatus.NOT_COMMITTED, StepStatus.FAILED, StepStatus.PENDING):
-            return Situation.NOT_COMMITTED
-        if status is StepStatus.REJECTED:
-            return Situation.REJECTED
-        if status is StepStatus.CONFLICT:
-            return Situation.CONFLICT
-        if status is StepStatus.AWAITING_COMPLETION:
-            return Situation.BELOW_REQUIRED_STATE
-        raise errors.StepFailed(
-            f"step {self.step_id} is {status}; this version cannot continue it",
-            run_id=self.run_id,
-            step_id=self.step_id,
-        )
-
-    def _close_orphan_attempts(self, step: records.StepRecord) -> None:
+    def close_orphan_attempts(self, step: records.StepRecord) -> None:
         """Attempts a crashed process left open are unknown: say so (rides with the next commit)."""
         st = self.state
         now = self.port.clock()
         for attempt in st.attempts(self.step_id):
             if attempt.outcome is None:
-                closed = outcomes.lost_in_flight(attempt, now)
+                closed = classify.lost_in_flight(attempt, now)
                 st.pending.attempt(closed)
                 st.note_attempt(closed)
                 st.pending.event(
@@ -288,7 +211,7 @@ class MachineBase:
                     attempt=attempt.number,
                 )
 
-    def _step_record(
+    def step_record(
         self,
         existing: records.StepRecord | None,
         status: StepStatus,
@@ -298,6 +221,8 @@ class MachineBase:
         error: dict[str, Any] | None = None,
         revision: int = 1,
     ) -> records.StepRecord:
+        """The step's record in ``status``: ``existing`` moved on, a new revision of a step the
+        run recorded, or the step's first record."""
         st = self.state
         if existing is not None:
             return records.evolve(
@@ -343,14 +268,15 @@ class MachineBase:
             effect_id=None,
             confirmed_at=None,
             next_step=None,
-            compensation_status=outcomes.compensation_status(self.tool),
+            compensation_status=compensation_policy.initial_status(self.contract),
             next_action=NextAction.EXECUTE,
             created_at=now,
             updated_at=now,
             compensates=None if self.compensates is None else self.compensates.effect_id,
         )
 
-    def _recordable(self, value: Any) -> Any:
+    def recordable(self, value: Any) -> Any:
+        """``value`` as the ledger records it (a pure, read or local step's result)."""
         try:
             return digests.to_jsonable(value, path=f"{self.step_id}.result")
         except errors.ArgumentError as exc:
@@ -360,7 +286,7 @@ class MachineBase:
                 step_id=self.step_id,
             ) from None
 
-    def _recordable_result(self, value: Any) -> tuple[Any, str, dict[str, Any] | None]:
+    def recordable_result(self, value: Any) -> tuple[Any, str, dict[str, Any] | None]:
         """A committed call's result as the ledger records it: (output, response digest, problem).
 
         The call already happened, so a result that cannot be recorded as it is (no JSON form,
@@ -405,6 +331,30 @@ class MachineBase:
                     placeholder[field] = ext
                     problem["external_effect_id"] = ext
         return placeholder, raw_digest, problem
+
+    def answer_original(self, batch: Batch, now: float) -> None:
+        """A compensation just confirmed: mark the effect it answers (which stays confirmed)."""
+        if self.compensates is not None:
+            self.mark_original(batch, CompensationStatus.COMPENSATED, now)
+
+    def mark_original(self, batch: Batch, status: CompensationStatus, now: float) -> None:
+        """A compensation's write moves the compensation status of the effect it answers (and of
+        that effect's step), in the same batch: ``compensating`` with its intent, ``compensated``
+        with its confirmation."""
+        original = self.compensates
+        assert original is not None
+        st = self.state
+        effect = self.port.store.get_effect(original.effect_id) or original
+        effect = dataclasses.replace(
+            effect, compensation_status=status, version=effect.version + 1, updated_at=now
+        )
+        batch.effect(effect)
+        self.compensates = effect
+        owner = st.steps.get(effect.step_id)
+        if owner is not None:
+            owner = dataclasses.replace(owner, compensation_status=status, updated_at=now)
+            st.steps[owner.step_id] = owner
+            batch.step(owner)
 
 
 def _raw_digest(value: Any) -> str:

@@ -71,7 +71,7 @@ class Result:
     error: BaseException | None = None
     #: A call the driver stopped waiting for (its timeout) that still runs: a
     #: ``concurrent.futures.Future`` or an ``asyncio.Future``. Its late answer is a fact to record;
-    #: until it ends the call may still land (DESIGN §3.1).
+    #: until it ends the call may still land (docs/decision-table.md#when-not-found-is-proof).
     pending: Any = None
 
 
