@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 import pytest
 
-from effectflow.ledger import postgres as postgres_backend
+from effectflow.ledger import rowmap
 from effectflow.ledger import sqlite as sqlite_backend
 from effectflow.ledger.store import LedgerStore
 
@@ -251,8 +251,9 @@ def test_upserts_resolve_conflicts_through_a_unique_index(
     table: str, backend: Backend, store: LedgerStore
 ) -> None:
     """The step, attempt and effect upserts scan nothing: their conflict target is a unique index."""
-    module: Any = sqlite_backend if backend.name == "sqlite" else postgres_backend
-    sql = getattr(module, f"_UPSERT_{table.upper().removesuffix('S')}")
+    sql = getattr(rowmap, f"UPSERT_{table.upper().removesuffix('S')}")  # what both stores run
+    if backend.name == "postgres":
+        sql = sql.replace("?", "%s")
     params = tuple(None for _ in range(sql.count("?" if backend.name == "sqlite" else "%s")))
     if backend.name == "sqlite":
         path, _ = sqlite_backend.parse_url(backend.url)

@@ -21,13 +21,12 @@ import collections
 import dataclasses
 import functools
 import json
-import sqlite3
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any, Protocol, cast
+from typing import Any, Protocol
 
 from effectflow import errors
-from effectflow.ledger import audit, records
+from effectflow.ledger import audit, rowmap
 from effectflow.ledger import store as store_mod
 
 #: A row as ``audit_rows`` returns it: column name -> value.
@@ -64,51 +63,42 @@ class Dialect:
     order: Mapping[str, str]
 
 
+def _dialect(order: Mapping[str, str]) -> Dialect:
+    # Both ledgers map rows alike (``rowmap``); they order a run's rows by their own tie-breakers.
+    return Dialect(
+        run=rowmap.run,
+        step=rowmap.step,
+        effect=rowmap.effect,
+        attempt=rowmap.attempt,
+        approval=rowmap.approval,
+        event=rowmap.event,
+        order=order,
+    )
+
+
 @functools.cache
 def sqlite_dialect() -> Dialect:
-    """SQLite's mappers (they read a row by column name: a dict serves as a ``sqlite3.Row``)."""
-    from effectflow.ledger import sqlite
-
-    def event(row: Row) -> Any:
-        return sqlite._from_row(records.AuditEvent, sqlite._AUDIT_FIELDS, cast(sqlite3.Row, row))
-
-    return Dialect(
-        run=cast(Mapper, sqlite._run),
-        step=cast(Mapper, sqlite._step),
-        effect=cast(Mapper, sqlite._effect),
-        attempt=cast(Mapper, sqlite._attempt),
-        approval=lambda row: records.ApprovalRecord(**row),
-        event=event,
-        order={
+    """SQLite's orders."""
+    return _dialect(
+        {
             "steps": "seq",
             "effects": "created_at",
             "attempts": "started_at, number",
             "approvals": "approved_at",
-        },
+        }
     )
 
 
 @functools.cache
 def postgres_dialect() -> Dialect:
-    """PostgreSQL's mappers (its tables also hold ``insert_seq``, the tie-breaker of its orders)."""
-    from effectflow.ledger import postgres
-
-    def approval(row: Row) -> Any:
-        return postgres._from_row(records.ApprovalRecord, postgres._APPROVAL_FIELDS, row)
-
-    return Dialect(
-        run=postgres._run,
-        step=postgres._step,
-        effect=postgres._effect,
-        attempt=postgres._attempt,
-        approval=approval,
-        event=postgres._event,
-        order={
+    """PostgreSQL's orders (its tables also hold ``insert_seq``, the tie-breaker of its orders)."""
+    return _dialect(
+        {
             "steps": "seq",
             "effects": "created_at, insert_seq",
             "attempts": "started_at, number, insert_seq",
             "approvals": "approved_at, insert_seq",
-        },
+        }
     )
 
 

@@ -16,7 +16,6 @@ sealed). Cast a column to jsonb to query into it (``output_json::jsonb ->> 'id'`
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -32,7 +31,7 @@ from psycopg.rows import TupleRow, dict_row
 
 from effectflow import digests, errors
 from effectflow.ledger import audit as audit_chain
-from effectflow.ledger import expect, records
+from effectflow.ledger import expect, records, rowmap
 from effectflow.ledger.local import LocalTransaction
 from effectflow.ledger.store import (
     Applied,
@@ -93,170 +92,27 @@ def redacted(url: str) -> str:
     return urlunparse(parsed._replace(netloc=netloc))
 
 
-# Each record maps to a table whose columns are its fields; JSON fields live in ``*_json`` columns.
-_JSON_FIELDS = {"input", "output", "error", "evidence", "control"}
+def _pg(sql: str) -> str:
+    """A statement written with ``?`` placeholders, in psycopg's ``%s``."""
+    return sql.replace("?", "%s")
 
 
-def _column(field: str) -> str:
-    return f"{field}_json" if field in _JSON_FIELDS else field
-
-
-def _fields(cls: type[Any]) -> list[str]:
-    return [f.name for f in dataclasses.fields(cls)]
-
-
-_RUN_FIELDS = _fields(records.RunRecord)
-_STEP_FIELDS = _fields(records.StepRecord)
-_ATTEMPT_FIELDS = _fields(records.AttemptRecord)
-_EFFECT_FIELDS = _fields(records.EffectRecord)
-_DECISION_FIELDS = _fields(DecisionRecord)
-_APPROVAL_FIELDS = _fields(records.ApprovalRecord)
-_OPERATION_FIELDS = _fields(OperationBinding)
-
-
-def _insert_sql(table: str, fields: list[str]) -> str:
-    cols = [_column(f) for f in fields]
-    return f"INSERT INTO {table} ({', '.join(cols)}) VALUES ({', '.join('%s' for _ in cols)})"
-
-
-def _upsert_sql(table: str, fields: list[str], keys: tuple[str, ...]) -> str:
-    updates = ", ".join(f"{c} = excluded.{c}" for c in map(_column, fields) if c not in keys)
-    return f"{_insert_sql(table, fields)} ON CONFLICT ({', '.join(keys)}) DO UPDATE SET {updates}"
-
-
-_UPSERT_STEP = _upsert_sql("steps", _STEP_FIELDS, ("run_id", "step_id"))
-_UPSERT_ATTEMPT = _upsert_sql("attempts", _ATTEMPT_FIELDS, ("attempt_id",))
-_UPSERT_EFFECT = _upsert_sql("effects", _EFFECT_FIELDS, ("effect_id",))
-# A decision or approval id taken already (by a concurrent decision too: the insert waits for it)
-# inserts nothing and returns no row: the batch is refused with IdempotencyConflict, never with
-# the driver's unique violation.
-_INSERT_DECISION = (
-    _insert_sql("decisions", _DECISION_FIELDS) + " ON CONFLICT DO NOTHING RETURNING decision_id"
-)
-_INSERT_APPROVAL = (
-    _insert_sql("approvals", _APPROVAL_FIELDS) + " ON CONFLICT DO NOTHING RETURNING approval_id"
-)
-_BIND_OPERATION = (
-    _insert_sql("operations", _OPERATION_FIELDS) + " ON CONFLICT DO NOTHING RETURNING tenant"
-)
-_RUN_COLUMNS = [_column(f) for f in _RUN_FIELDS]
-#: What a batch reads of its run's row: the chains' heads, the control request, and the changing
-#: fields its seal covers (not the input, however large: it is sealed once, at the creation).
-_HEAD = ", ".join(
-    [
-        "audit_head",
-        "audit_count",
-        "seal_head",
-        "seal_count",
-        "control_json",
-        *(f"{f}_json" if f in audit_chain.RUN_JSON else f for f in audit_chain.RUN_STATE),
-    ]
-)
-# A run id taken already inserts nothing and returns no row: the batch is refused on its own
-# (IdempotencyConflict), not the group transaction it shares with other runs' batches.
-_INSERT_RUN = (
-    f"INSERT INTO runs ({', '.join(_RUN_COLUMNS)}, audit_head, audit_count) "
-    f"VALUES ({', '.join('%s' for _ in _RUN_COLUMNS)}, %s, 0) "
-    f"ON CONFLICT (run_id) DO NOTHING RETURNING {_HEAD}"
-)
-_INSERT_SEAL = audit_chain.INSERT_SEAL.replace("?", "%s")
-_UPDATE_SHARD = audit_chain.UPDATE_SHARD.replace("?", "%s")
+_UPSERT_STEP = _pg(rowmap.UPSERT_STEP)
+_UPSERT_ATTEMPT = _pg(rowmap.UPSERT_ATTEMPT)
+_UPSERT_EFFECT = _pg(rowmap.UPSERT_EFFECT)
+_INSERT_DECISION = _pg(rowmap.INSERT_DECISION)
+_INSERT_APPROVAL = _pg(rowmap.INSERT_APPROVAL)
+_BIND_OPERATION = _pg(rowmap.BIND_OPERATION)
+_INSERT_RUN = _pg(rowmap.INSERT_RUN)
+_INSERT_AUDIT = _pg(rowmap.INSERT_AUDIT)
+_INSERT_SEAL = _pg(audit_chain.INSERT_SEAL)
+_UPDATE_SHARD = _pg(audit_chain.UPDATE_SHARD)
+_USED_SHARDS = _pg(rowmap.USED_SHARDS)
 # Locked in shard order (``audit.shards_of`` sorts them): the rows are locked as the sort yields
 # them.
 _LOCK_SHARDS = (
     "SELECT shard, n, head FROM audit_shards WHERE shard = ANY(%s) ORDER BY shard FOR UPDATE"
 )
-_INSERT_AUDIT = (
-    "INSERT INTO audit (run_id, step_id, effect_id, kind, actor, detail_json, at, prev_hash, hash) "
-    "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)"
-)
-
-
-def _dumps(value: Any) -> str | None:
-    return None if value is None else digests.canonical_json(value)
-
-
-def _loads(text: str | None) -> Any:
-    return None if text is None else json.loads(text)
-
-
-def _value(field: str, value: Any) -> Any:
-    return _dumps(value) if field in _JSON_FIELDS else value
-
-
-def _row_values(record: Any, fields: list[str]) -> list[Any]:
-    # Read the instance dict directly: seven records a step go through here.
-    values = record.__dict__
-    return [_dumps(values[field]) if field in _JSON_FIELDS else values[field] for field in fields]
-
-
-def _from_row(cls: type[T], fields: list[str], row: Row) -> T:
-    return cls(**{f: (_loads(row[_column(f)]) if f in _JSON_FIELDS else row[f]) for f in fields})
-
-
-def _run(row: Row) -> records.RunRecord:
-    run = _from_row(records.RunRecord, _RUN_FIELDS, row)
-    return dataclasses.replace(
-        run, status=records.RunStatus(run.status), next_action=records.NextAction(run.next_action)
-    )
-
-
-def _run_state(row: Row) -> dict[str, Any]:
-    """The run's changing fields as stored, JSON ones as canonical text, for its seal."""
-    return {
-        f: row[f"{f}_json"] if f in audit_chain.RUN_JSON else row[f] for f in audit_chain.RUN_STATE
-    }
-
-
-def _step(row: Row) -> records.StepRecord:
-    step = _from_row(records.StepRecord, _STEP_FIELDS, row)
-    return dataclasses.replace(
-        step,
-        status=records.StepStatus(step.status),
-        next_action=records.NextAction(step.next_action),
-    )
-
-
-def _attempt(row: Row) -> records.AttemptRecord:
-    att = _from_row(records.AttemptRecord, _ATTEMPT_FIELDS, row)
-    return dataclasses.replace(
-        att,
-        kind=records.AttemptKind(att.kind),
-        outcome=None if att.outcome is None else records.Outcome(att.outcome),
-    )
-
-
-def _effect(row: Row) -> records.EffectRecord:
-    eff = _from_row(records.EffectRecord, _EFFECT_FIELDS, row)
-    return dataclasses.replace(
-        eff,
-        status=records.StepStatus(eff.status),
-        next_action=records.NextAction(eff.next_action),
-    )
-
-
-def _event(row: Row) -> records.AuditEvent:
-    return records.AuditEvent(
-        seq=row["seq"],
-        run_id=row["run_id"],
-        step_id=row["step_id"],
-        effect_id=row["effect_id"],
-        kind=row["kind"],
-        actor=row["actor"],
-        detail=json.loads(row["detail_json"]),
-        at=row["at"],
-        prev_hash=row["prev_hash"],
-        hash=row["hash"],
-    )
-
-
-#: How each expectation's row becomes what ``expect.refusal`` compares.
-_EXPECTED_ROW: dict[expect.Subject, Callable[[Row], Any]] = {
-    expect.Subject.RUN: _run,
-    expect.Subject.STEP: _step,
-    expect.Subject.EFFECT: _effect,
-    expect.Subject.UNAPPROVED: lambda row: row["approval_id"],
-}
 
 
 @contextmanager
@@ -623,7 +479,7 @@ class PostgresStore:
             (now, *([dead] if dead else []), limit, owner, now + ttl),
         )
         rows.sort(key=lambda r: (r["created_at"], r["insert_seq"]))
-        return [_run(r) for r in rows]
+        return [rowmap.run(r) for r in rows]
 
     def heartbeat(self, leases: Sequence[tuple[str, int]], *, ttl: float, now: float) -> list[str]:
         """Extend held leases in one statement; report the lost ones.
@@ -691,7 +547,9 @@ class PostgresStore:
         if batch.new_run is not None:
             run = batch.new_run
             head = _one(
-                conn, _INSERT_RUN, [*_row_values(run, _RUN_FIELDS), audit_chain.genesis(run.run_id)]
+                conn,
+                _INSERT_RUN,
+                [*rowmap.row_values(run, rowmap.RUN_FIELDS), audit_chain.genesis(run.run_id)],
             )
             if head is None:
                 raise errors.IdempotencyConflict(
@@ -702,7 +560,7 @@ class PostgresStore:
             head = _one(
                 conn,
                 "UPDATE runs SET lease_expires_at = %s WHERE run_id = %s AND lease_token = %s "
-                f"RETURNING {_HEAD}",
+                f"RETURNING {rowmap.HEAD}",
                 (now + lease_ttl, batch.run_id, batch.lease_token),
             )
             if head is None:
@@ -714,7 +572,7 @@ class PostgresStore:
         elif head is None:
             head = _one(
                 conn,
-                f"SELECT {_HEAD} FROM runs WHERE run_id = %s FOR UPDATE",
+                f"SELECT {rowmap.HEAD} FROM runs WHERE run_id = %s FOR UPDATE",
                 (batch.run_id,),
             )
             if head is None:
@@ -726,30 +584,36 @@ class PostgresStore:
         for op in batch.operations:
             self._bind_operation_txn(conn, op)
         for decision in batch.decisions:
-            if _one(conn, _INSERT_DECISION, _row_values(decision, _DECISION_FIELDS)) is None:
+            if (
+                _one(conn, _INSERT_DECISION, rowmap.row_values(decision, rowmap.DECISION_FIELDS))
+                is None
+            ):
                 raise errors.IdempotencyConflict(
                     f"decision {decision.decision_id} is taken already; nothing was recorded",
                     run_id=batch.run_id,
                     effect_id=decision.effect_id,
                 )
         for approval in batch.approvals:
-            if _one(conn, _INSERT_APPROVAL, _row_values(approval, _APPROVAL_FIELDS)) is None:
+            if (
+                _one(conn, _INSERT_APPROVAL, rowmap.row_values(approval, rowmap.APPROVAL_FIELDS))
+                is None
+            ):
                 raise errors.IdempotencyConflict(
                     f"approval {approval.approval_id} is taken already; nothing was recorded",
                     run_id=batch.run_id,
                     step_id=approval.step_id,
                 )
         writes: list[tuple[str, str, list[str], Iterable[Any]]] = [
-            ("steps", _UPSERT_STEP, _STEP_FIELDS, batch.steps.values()),
-            ("effects", _UPSERT_EFFECT, _EFFECT_FIELDS, batch.effects.values()),
-            ("attempts", _UPSERT_ATTEMPT, _ATTEMPT_FIELDS, batch.attempts.values()),
+            ("steps", _UPSERT_STEP, rowmap.STEP_FIELDS, batch.steps.values()),
+            ("effects", _UPSERT_EFFECT, rowmap.EFFECT_FIELDS, batch.effects.values()),
+            ("attempts", _UPSERT_ATTEMPT, rowmap.ATTEMPT_FIELDS, batch.attempts.values()),
         ]
         changes = dict(batch.run_changes)
         assert head is not None  # the fence, the insert or the read above found the run
         written: dict[str, list[list[Any]]] = {}
         with conn.cursor() as cur:
             for table, sql, fields, records_ in writes:
-                values = [_row_values(record, fields) for record in records_]
+                values = [rowmap.row_values(record, fields) for record in records_]
                 if values:
                     written[table] = values
                     cur.executemany(sql, values)
@@ -760,7 +624,7 @@ class PostgresStore:
                 cur.executemany(_INSERT_AUDIT, events)
             sealed = audit_chain.seal_batch(
                 batch,
-                _run_state(head),
+                rowmap.run_state(head),
                 head["seal_head"],
                 head["seal_count"],
                 changes,
@@ -774,10 +638,10 @@ class PostgresStore:
                 changes["seal_head"], changes["seal_count"] = sealed[1], sealed[2]
             if changes:
                 changes.setdefault("updated_at", now)
-                assignments = ", ".join(f"{_column(k)} = %s" for k in changes)
+                assignments = ", ".join(f"{rowmap.column(k)} = %s" for k in changes)
                 cur.execute(
                     f"UPDATE runs SET {assignments} WHERE run_id = %s",
-                    [*(_value(k, v) for k, v in changes.items()), batch.run_id],
+                    [*(rowmap.value(k, v) for k, v in changes.items()), batch.run_id],
                 )
             # A run created for workers, or handed back to them, wakes the ones waiting.
             if batch.new_run is not None or "status" in changes or "lease_owner" in changes:
@@ -789,7 +653,7 @@ class PostgresStore:
         seal = None if sealed is None else sealed[0]
         if "control" in changes:
             return changes["control"], seal
-        return _loads(head["control_json"]), seal
+        return rowmap.loads(head["control_json"]), seal
 
     def _check_txn(self, conn: Connection, run_id: str, expectation: expect.Expectation) -> None:
         """Refuse the batch (``StaleState``) unless ``expectation`` holds, read under the run's
@@ -801,7 +665,7 @@ class PostgresStore:
         )
         found: Any = None
         if row is not None:
-            found = _EXPECTED_ROW[expectation.subject](row)
+            found = rowmap.EXPECTED_ROW[expectation.subject](row)
         refused = expect.refusal(expectation, run_id, found)
         if refused is not None:
             raise refused
@@ -810,7 +674,7 @@ class PostgresStore:
         # ON CONFLICT without a target also covers the key's own uniqueness: a key bound to another
         # operation finds no row below and is refused too. (RETURNING, not rowcount: in a pipeline
         # only a fetched result is known.)
-        if _one(conn, _BIND_OPERATION, _row_values(op, _OPERATION_FIELDS)) is not None:
+        if _one(conn, _BIND_OPERATION, rowmap.row_values(op, rowmap.OPERATION_FIELDS)) is not None:
             return
         row = _one(
             conn,
@@ -845,7 +709,7 @@ class PostgresStore:
             "lease_expires_at = %s WHERE run_id = %s AND lease_token = %s RETURNING *",
             (owner, now + ttl, run_id, expected_token),
         )
-        return _run(rows[0]) if rows else None
+        return rowmap.run(rows[0]) if rows else None
 
     def release(self, run_id: str, *, token: int) -> None:
         """Give the lease up; a run still to execute is announced to waiting workers."""
@@ -874,7 +738,7 @@ class PostgresStore:
         rows = self._statement("SELECT * FROM runs WHERE run_id = %s", (run_id,))
         if not rows or (tenant is not None and rows[0]["tenant"] != tenant):
             return None
-        return _run(rows[0])
+        return rowmap.run(rows[0])
 
     def list_runs(
         self,
@@ -899,7 +763,7 @@ class PostgresStore:
         if where:
             sql += " WHERE " + " AND ".join(where)
         sql += " ORDER BY created_at DESC, insert_seq DESC LIMIT %s"
-        return [_run(r) for r in self._statement(sql, [*params, limit])]
+        return [rowmap.run(r) for r in self._statement(sql, [*params, limit])]
 
     def runs_to_recover(self, *, now: float, limit: int = 100) -> list[records.RunRecord]:
         """Running runs with no live lease."""
@@ -909,7 +773,7 @@ class PostgresStore:
             "ORDER BY created_at, insert_seq LIMIT %s",
             (now, limit),
         )
-        return [_run(r) for r in rows]
+        return [rowmap.run(r) for r in rows]
 
     def leased_running_runs(self, *, limit: int = 1000) -> list[records.RunRecord]:
         """Running runs that still hold a lease (the runtime checks whether the holder lives)."""
@@ -918,7 +782,7 @@ class PostgresStore:
             "AND lease_expires_at IS NOT NULL ORDER BY created_at, insert_seq LIMIT %s",
             (limit,),
         )
-        return [_run(r) for r in rows]
+        return [rowmap.run(r) for r in rows]
 
     def lease_owners(self, *, now: float) -> list[str]:
         """Owners of unexpired leases on running runs."""
@@ -932,7 +796,7 @@ class PostgresStore:
     def steps(self, run_id: str) -> list[records.StepRecord]:
         """Steps in order."""
         rows = self._statement("SELECT * FROM steps WHERE run_id = %s ORDER BY seq", (run_id,))
-        return [_step(r) for r in rows]
+        return [rowmap.step(r) for r in rows]
 
     def attempts(self, run_id: str, step_id: str | None = None) -> list[records.AttemptRecord]:
         """Attempts in order."""
@@ -947,7 +811,7 @@ class PostgresStore:
                 "ORDER BY number, insert_seq",
                 (run_id, step_id),
             )
-        return [_attempt(r) for r in rows]
+        return [rowmap.attempt(r) for r in rows]
 
     def effects(
         self,
@@ -966,7 +830,7 @@ class PostgresStore:
         if where:
             sql += " WHERE " + " AND ".join(where)
         sql += " ORDER BY created_at, insert_seq LIMIT %s"
-        return [_effect(r) for r in self._statement(sql, [*params, limit])]
+        return [rowmap.effect(r) for r in self._statement(sql, [*params, limit])]
 
     def effects_in_doubt(
         self, *, tenant: str | None, now: float, limit: int = 1000
@@ -980,7 +844,7 @@ class PostgresStore:
             "AND r.lease_expires_at >= %s) ORDER BY e.created_at, e.insert_seq LIMIT %s",
             (*([tenant] if tenant is not None else []), now, limit),
         )
-        return [_effect(r) for r in rows]
+        return [rowmap.effect(r) for r in rows]
 
     def get_effect(
         self, effect_id: str, *, tenant: str | None = None
@@ -989,7 +853,7 @@ class PostgresStore:
         rows = self._statement("SELECT * FROM effects WHERE effect_id = %s", (effect_id,))
         if not rows or (tenant is not None and rows[0]["tenant"] != tenant):
             return None
-        return _effect(rows[0])
+        return rowmap.effect(rows[0])
 
     def get_operation(self, tenant: str, logical_operation_id: str) -> OperationBinding | None:
         """The binding, or None."""
@@ -997,7 +861,7 @@ class PostgresStore:
             "SELECT * FROM operations WHERE tenant = %s AND logical_operation_id = %s",
             (tenant, logical_operation_id),
         )
-        return _from_row(OperationBinding, _OPERATION_FIELDS, rows[0]) if rows else None
+        return rowmap.from_row(OperationBinding, rowmap.OPERATION_FIELDS, rows[0]) if rows else None
 
     def get_decision(self, tenant: str, decision_id: str) -> DecisionRecord | None:
         """A pinned decision, or None."""
@@ -1005,7 +869,7 @@ class PostgresStore:
             "SELECT * FROM decisions WHERE tenant = %s AND decision_id = %s",
             (tenant, decision_id),
         )
-        return _from_row(DecisionRecord, _DECISION_FIELDS, rows[0]) if rows else None
+        return rowmap.from_row(DecisionRecord, rowmap.DECISION_FIELDS, rows[0]) if rows else None
 
     def get_approval(self, tenant: str, approval_id: str) -> records.ApprovalRecord | None:
         """An approval by id, or None."""
@@ -1013,7 +877,11 @@ class PostgresStore:
             "SELECT * FROM approvals WHERE tenant = %s AND approval_id = %s",
             (tenant, approval_id),
         )
-        return _from_row(records.ApprovalRecord, _APPROVAL_FIELDS, rows[0]) if rows else None
+        return (
+            rowmap.from_row(records.ApprovalRecord, rowmap.APPROVAL_FIELDS, rows[0])
+            if rows
+            else None
+        )
 
     def approvals(self, run_id: str, step_id: str | None = None) -> list[records.ApprovalRecord]:
         """Approvals oldest first."""
@@ -1028,12 +896,12 @@ class PostgresStore:
                 "ORDER BY approved_at, insert_seq",
                 (run_id, step_id),
             )
-        return [_from_row(records.ApprovalRecord, _APPROVAL_FIELDS, r) for r in rows]
+        return [rowmap.from_row(records.ApprovalRecord, rowmap.APPROVAL_FIELDS, r) for r in rows]
 
     def audit(self, run_id: str) -> list[records.AuditEvent]:
         """The run's audit events in order."""
         rows = self._statement("SELECT * FROM audit WHERE run_id = %s ORDER BY seq", (run_id,))
-        return [_event(r) for r in rows]
+        return [rowmap.event(r) for r in rows]
 
     def verify_audit(self, run_id: str | None = None) -> list[AuditProblem]:
         """Recompute every run's chains (or one run's) and compare its rows with their seals

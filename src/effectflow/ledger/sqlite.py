@@ -10,8 +10,6 @@ mid-transaction.
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import os
 import sqlite3
 import threading
@@ -25,7 +23,7 @@ from urllib.parse import parse_qs, urlparse
 
 from effectflow import digests, errors
 from effectflow.ledger import audit as audit_chain
-from effectflow.ledger import expect, records
+from effectflow.ledger import expect, records, rowmap
 from effectflow.ledger.local import LocalTransaction
 from effectflow.ledger.store import (
     Applied,
@@ -68,142 +66,8 @@ def parse_url(url: str) -> tuple[str, dict[str, str]]:
     return path, options
 
 
-def _dumps(value: Any) -> str | None:
-    return None if value is None else digests.canonical_json(value)
-
-
-def _loads(text: str | None) -> Any:
-    return None if text is None else json.loads(text)
-
-
-# Each record maps to a table whose columns are its fields, JSON-encoded where named ``*_json``.
-_JSON_FIELDS = {"input", "output", "error", "evidence", "detail", "control"}
-
-
-def _column(field: str) -> str:
-    return f"{field}_json" if field in _JSON_FIELDS else field
-
-
-def _fields(cls: type[Any]) -> list[str]:
-    return [f.name for f in dataclasses.fields(cls)]
-
-
-_RUN_FIELDS = _fields(records.RunRecord)
-_STEP_FIELDS = _fields(records.StepRecord)
-_ATTEMPT_FIELDS = _fields(records.AttemptRecord)
-_EFFECT_FIELDS = _fields(records.EffectRecord)
-_AUDIT_FIELDS = _fields(records.AuditEvent)
-
-
-def _upsert_sql(
-    table: str, fields: list[str], keys: tuple[str, ...], fixed: tuple[str, ...] = ()
-) -> str:
-    # ``fixed``: indexed columns a record never changes after its insert. SQLite rewrites the
-    # entries of every index whose columns appear in the SET list, changed or not; leaving them
-    # out spares each outcome commit those index pages (fewer pages to write and fsync).
-    cols = [_column(f) for f in fields]
-    updates = ", ".join(f"{c} = excluded.{c}" for c in cols if c not in keys and c not in fixed)
-    return (
-        f"INSERT INTO {table} ({', '.join(cols)}) VALUES ({', '.join('?' for _ in cols)}) "
-        f"ON CONFLICT ({', '.join(keys)}) DO UPDATE SET {updates}"
-    )
-
-
-_UPSERT_STEP = _upsert_sql("steps", _STEP_FIELDS, ("run_id", "step_id"))
-_UPSERT_ATTEMPT = _upsert_sql(
-    "attempts", _ATTEMPT_FIELDS, ("attempt_id",), fixed=("run_id", "step_id", "number")
-)
-_UPSERT_EFFECT = _upsert_sql(
-    "effects",
-    _EFFECT_FIELDS,
-    ("effect_id",),
-    fixed=("run_id", "step_id", "created_at", "compensates"),
-)
-_RUN_COLUMNS = [_column(f) for f in _RUN_FIELDS]
-#: The shards that hold seals (for the index row, ``audit.INDEX``).
-_USED_SHARDS = "SELECT shard FROM audit_shards WHERE n > 0 AND shard <> ?"
 #: A shard's head moved, if it is still where this store left it.
 _MOVE_SHARD = "UPDATE audit_shards SET n = ?, head = ? WHERE shard = ? AND n = ?"
-#: What a batch reads of its run's row: the chains' heads, the control request, and the changing
-#: fields its seal covers (not the input, however large: it is sealed once, at the creation).
-_HEAD = ", ".join(
-    [
-        "audit_head",
-        "audit_count",
-        "seal_head",
-        "seal_count",
-        "control_json",
-        *(f"{f}_json" if f in audit_chain.RUN_JSON else f for f in audit_chain.RUN_STATE),
-    ]
-)
-# A run id taken already inserts nothing and returns no row: the batch is refused on its own
-# (IdempotencyConflict), not the group transaction it shares with other runs' batches.
-_INSERT_RUN = (
-    f"INSERT INTO runs ({', '.join(_RUN_COLUMNS)}, audit_head, audit_count) "
-    f"VALUES ({', '.join('?' for _ in _RUN_COLUMNS)}, ?, 0) "
-    f"ON CONFLICT (run_id) DO NOTHING RETURNING {_HEAD}"
-)
-
-
-def _row_values(record: Any, fields: list[str]) -> list[Any]:
-    # Read the instance dict directly: seven records a step go through here.
-    values = record.__dict__
-    return [_dumps(values[field]) if field in _JSON_FIELDS else values[field] for field in fields]
-
-
-def _from_row(cls: type[T], fields: list[str], row: sqlite3.Row) -> T:
-    kwargs = {f: (_loads(row[_column(f)]) if f in _JSON_FIELDS else row[f]) for f in fields}
-    return cls(**kwargs)
-
-
-def _run(row: sqlite3.Row) -> records.RunRecord:
-    run = _from_row(records.RunRecord, _RUN_FIELDS, row)
-    return dataclasses.replace(
-        run, status=records.RunStatus(run.status), next_action=records.NextAction(run.next_action)
-    )
-
-
-def _run_state(row: sqlite3.Row) -> dict[str, Any]:
-    """The run's changing fields as stored (JSON ones are canonical text already), for its seal."""
-    return {
-        f: row[f"{f}_json"] if f in audit_chain.RUN_JSON else row[f] for f in audit_chain.RUN_STATE
-    }
-
-
-def _step(row: sqlite3.Row) -> records.StepRecord:
-    step = _from_row(records.StepRecord, _STEP_FIELDS, row)
-    return dataclasses.replace(
-        step,
-        status=records.StepStatus(step.status),
-        next_action=records.NextAction(step.next_action),
-    )
-
-
-def _attempt(row: sqlite3.Row) -> records.AttemptRecord:
-    att = _from_row(records.AttemptRecord, _ATTEMPT_FIELDS, row)
-    return dataclasses.replace(
-        att,
-        kind=records.AttemptKind(att.kind),
-        outcome=None if att.outcome is None else records.Outcome(att.outcome),
-    )
-
-
-def _effect(row: sqlite3.Row) -> records.EffectRecord:
-    eff = _from_row(records.EffectRecord, _EFFECT_FIELDS, row)
-    return dataclasses.replace(
-        eff,
-        status=records.StepStatus(eff.status),
-        next_action=records.NextAction(eff.next_action),
-    )
-
-
-#: How each expectation's row becomes what ``expect.refusal`` compares.
-_EXPECTED_ROW: dict[expect.Subject, Callable[[sqlite3.Row], Any]] = {
-    expect.Subject.RUN: _run,
-    expect.Subject.STEP: _step,
-    expect.Subject.EFFECT: _effect,
-    expect.Subject.UNAPPROVED: lambda row: row["approval_id"],
-}
 
 
 def _seconds(url: str, options: dict[str, str], name: str, default: float) -> float:
@@ -452,7 +316,7 @@ class SQLiteStore:
                 if shard in stale:
                     conn.execute(audit_chain.UPDATE_SHARD, (n, head, shard))
         if audit_chain.first_uses(heads, shards):
-            used = conn.execute(_USED_SHARDS, (audit_chain.INDEX,)).fetchall()
+            used = conn.execute(rowmap.USED_SHARDS, (audit_chain.INDEX,)).fetchall()
             index = audit_chain.index_row([*(r[0] for r in used), *shards], self.audit_key)
             conn.execute(audit_chain.UPDATE_SHARD, index)
         if len(rows) == 1:
@@ -493,7 +357,7 @@ class SQLiteStore:
                 "ORDER BY created_at LIMIT ?) RETURNING *",
                 (owner, now + ttl, now, *dead, limit),
             ).fetchall()
-        return sorted((_run(r) for r in rows), key=lambda r: r.created_at)
+        return sorted((rowmap.run(r) for r in rows), key=lambda r: r.created_at)
 
     def heartbeat(self, leases: Sequence[tuple[str, int]], *, ttl: float, now: float) -> list[str]:
         """Extend held leases; report the lost ones."""
@@ -522,8 +386,8 @@ class SQLiteStore:
         if batch.new_run is not None:
             run = batch.new_run
             head = conn.execute(
-                _INSERT_RUN,
-                [*_row_values(run, _RUN_FIELDS), audit_chain.genesis(run.run_id)],
+                rowmap.INSERT_RUN,
+                [*rowmap.row_values(run, rowmap.RUN_FIELDS), audit_chain.genesis(run.run_id)],
             ).fetchone()
             if head is None:
                 raise errors.IdempotencyConflict(
@@ -533,7 +397,7 @@ class SQLiteStore:
         if batch.lease_token is not None:
             head = conn.execute(
                 "UPDATE runs SET lease_expires_at = ? WHERE run_id = ? AND lease_token = ? "
-                f"RETURNING {_HEAD}",
+                f"RETURNING {rowmap.HEAD}",
                 (now + lease_ttl, batch.run_id, batch.lease_token),
             ).fetchone()
             if head is None:
@@ -544,7 +408,7 @@ class SQLiteStore:
                 )
         elif head is None:
             head = conn.execute(
-                f"SELECT {_HEAD} FROM runs WHERE run_id = ?", (batch.run_id,)
+                f"SELECT {rowmap.HEAD} FROM runs WHERE run_id = ?", (batch.run_id,)
             ).fetchone()
             if head is None:
                 raise errors.RunNotFound(f"run {batch.run_id} does not exist", run_id=batch.run_id)
@@ -594,12 +458,12 @@ class SQLiteStore:
                 )
         written: dict[str, list[list[Any]]] = {}
         for table, sql, fields, found in (
-            ("steps", _UPSERT_STEP, _STEP_FIELDS, batch.steps),
-            ("effects", _UPSERT_EFFECT, _EFFECT_FIELDS, batch.effects),
-            ("attempts", _UPSERT_ATTEMPT, _ATTEMPT_FIELDS, batch.attempts),
+            ("steps", rowmap.UPSERT_STEP, rowmap.STEP_FIELDS, batch.steps),
+            ("effects", rowmap.UPSERT_EFFECT, rowmap.EFFECT_FIELDS, batch.effects),
+            ("attempts", rowmap.UPSERT_ATTEMPT, rowmap.ATTEMPT_FIELDS, batch.attempts),
         ):
             if found:
-                values = written[table] = [_row_values(r, fields) for r in found.values()]
+                values = written[table] = [rowmap.row_values(r, fields) for r in found.values()]
                 conn.executemany(sql, values)
         changes = dict(batch.run_changes)
         if batch.audit:
@@ -641,7 +505,7 @@ class SQLiteStore:
             changes["audit_count"] = count
         sealed = audit_chain.seal_batch(
             batch,
-            _run_state(head),
+            rowmap.run_state(head),
             head["seal_head"],
             head["seal_count"],
             changes,
@@ -655,7 +519,10 @@ class SQLiteStore:
             changes["seal_head"], changes["seal_count"] = sealed[1], sealed[2]
         if changes:
             changes.setdefault("updated_at", now)
-            cols = [(_column(k), _dumps(v) if k in _JSON_FIELDS else v) for k, v in changes.items()]
+            cols = [
+                (rowmap.column(k), rowmap.dumps(v) if k in rowmap.JSON_FIELDS else v)
+                for k, v in changes.items()
+            ]
             conn.execute(
                 f"UPDATE runs SET {', '.join(f'{c} = ?' for c, _ in cols)} WHERE run_id = ?",
                 [*(v for _, v in cols), batch.run_id],
@@ -663,7 +530,7 @@ class SQLiteStore:
         seal = None if sealed is None else sealed[0]
         if "control" in changes:
             return changes["control"], seal
-        return _loads(head["control_json"]), seal
+        return rowmap.loads(head["control_json"]), seal
 
     def _check_txn(
         self, conn: sqlite3.Connection, run_id: str, expectation: expect.Expectation
@@ -675,7 +542,7 @@ class SQLiteStore:
         ).fetchone()
         found: Any = None
         if row is not None:
-            found = _EXPECTED_ROW[expectation.subject](row)
+            found = rowmap.EXPECTED_ROW[expectation.subject](row)
         refused = expect.refusal(expectation, run_id, found)
         if refused is not None:
             raise refused
@@ -732,7 +599,7 @@ class SQLiteStore:
                 "lease_expires_at = ? WHERE run_id = ? AND lease_token = ? RETURNING *",
                 (owner, now + ttl, run_id, expected_token),
             ).fetchone()
-        return None if row is None else _run(row)
+        return None if row is None else rowmap.run(row)
 
     def release(self, run_id: str, *, token: int) -> None:
         """Give the lease up."""
@@ -766,7 +633,7 @@ class SQLiteStore:
         rows = self._all("SELECT * FROM runs WHERE run_id = ?", (run_id,))
         if not rows or (tenant is not None and rows[0]["tenant"] != tenant):
             return None
-        return _run(rows[0])
+        return rowmap.run(rows[0])
 
     def list_runs(
         self,
@@ -791,7 +658,7 @@ class SQLiteStore:
         if where:
             sql += " WHERE " + " AND ".join(where)
         sql += " ORDER BY created_at DESC, rowid DESC LIMIT ?"
-        return [_run(r) for r in self._all(sql, [*params, limit])]
+        return [rowmap.run(r) for r in self._all(sql, [*params, limit])]
 
     def runs_to_recover(self, *, now: float, limit: int = 100) -> list[records.RunRecord]:
         """Running runs with no live lease."""
@@ -800,7 +667,7 @@ class SQLiteStore:
             "AND (lease_expires_at IS NULL OR lease_expires_at < ?) ORDER BY created_at LIMIT ?",
             (now, limit),
         )
-        return [_run(r) for r in rows]
+        return [rowmap.run(r) for r in rows]
 
     def leased_running_runs(self, *, limit: int = 1000) -> list[records.RunRecord]:
         """Running runs that still hold a lease (the runtime checks whether the holder lives)."""
@@ -810,7 +677,7 @@ class SQLiteStore:
             "ORDER BY created_at LIMIT ?",
             (limit,),
         )
-        return [_run(r) for r in rows]
+        return [rowmap.run(r) for r in rows]
 
     def lease_owners(self, *, now: float) -> list[str]:
         """Owners of unexpired leases on running runs."""
@@ -824,7 +691,7 @@ class SQLiteStore:
     def steps(self, run_id: str) -> list[records.StepRecord]:
         """Steps in order."""
         return [
-            _step(r)
+            rowmap.step(r)
             for r in self._all("SELECT * FROM steps WHERE run_id = ? ORDER BY seq", (run_id,))
         ]
 
@@ -839,7 +706,7 @@ class SQLiteStore:
                 "SELECT * FROM attempts WHERE run_id = ? AND step_id = ? ORDER BY number",
                 (run_id, step_id),
             )
-        return [_attempt(r) for r in rows]
+        return [rowmap.attempt(r) for r in rows]
 
     def effects(
         self,
@@ -858,7 +725,7 @@ class SQLiteStore:
         if where:
             sql += " WHERE " + " AND ".join(where)
         sql += " ORDER BY created_at LIMIT ?"
-        return [_effect(r) for r in self._all(sql, [*params, limit])]
+        return [rowmap.effect(r) for r in self._all(sql, [*params, limit])]
 
     def effects_in_doubt(
         self, *, tenant: str | None, now: float, limit: int = 1000
@@ -872,7 +739,7 @@ class SQLiteStore:
             "AND r.lease_expires_at >= ?) ORDER BY e.created_at LIMIT ?",
             (*([tenant] if tenant is not None else []), now, limit),
         )
-        return [_effect(r) for r in rows]
+        return [rowmap.effect(r) for r in rows]
 
     def get_effect(
         self, effect_id: str, *, tenant: str | None = None
@@ -881,7 +748,7 @@ class SQLiteStore:
         rows = self._all("SELECT * FROM effects WHERE effect_id = ?", (effect_id,))
         if not rows or (tenant is not None and rows[0]["tenant"] != tenant):
             return None
-        return _effect(rows[0])
+        return rowmap.effect(rows[0])
 
     def get_operation(self, tenant: str, logical_operation_id: str) -> OperationBinding | None:
         """The binding, or None."""
@@ -923,7 +790,7 @@ class SQLiteStore:
     def audit(self, run_id: str) -> list[records.AuditEvent]:
         """The run's audit events in order."""
         rows = self._all("SELECT * FROM audit WHERE run_id = ? ORDER BY seq", (run_id,))
-        return [_from_row(records.AuditEvent, _AUDIT_FIELDS, r) for r in rows]
+        return [rowmap.from_row(records.AuditEvent, rowmap.AUDIT_FIELDS, r) for r in rows]
 
     def verify_audit(self, run_id: str | None = None) -> list[AuditProblem]:
         """Recompute every run's chains (or one run's) and compare its rows with their seals
