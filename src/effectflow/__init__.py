@@ -66,8 +66,6 @@ from effectflow.runtime.context import AsyncContext, Context
 from effectflow.runtime.guard import Guarded
 from effectflow.runtime.runtime import Runtime
 
-Retry = RetryPolicy
-
 __version__ = "0.1.0"
 
 __all__ = [
@@ -107,7 +105,6 @@ __all__ = [
     "OutcomeUnknown",
     "Rejected",
     "ResultNotRecordable",
-    "Retry",
     "RetryBudgetExhausted",
     "RetryPolicy",
     "RunNotFound",
