@@ -16,9 +16,10 @@ sealed). Cast a column to jsonb to query into it (``output_json::jsonb ->> 'id'`
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import threading
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from importlib import resources
 from typing import Any, TypeVar
@@ -31,8 +32,9 @@ from psycopg.rows import TupleRow, dict_row
 
 from effectflow import digests, errors
 from effectflow.ledger import audit as audit_chain
-from effectflow.ledger import expect, records, rowmap
+from effectflow.ledger import records, rowmap
 from effectflow.ledger.local import LocalTransaction
+from effectflow.ledger.sql_core import SQLCore
 from effectflow.ledger.store import (
     Applied,
     AuditProblem,
@@ -92,6 +94,7 @@ def redacted(url: str) -> str:
     return urlunparse(parsed._replace(netloc=netloc))
 
 
+@functools.lru_cache(maxsize=1024)
 def _pg(sql: str) -> str:
     """A statement written with ``?`` placeholders, in psycopg's ``%s``."""
     return sql.replace("?", "%s")
@@ -166,7 +169,7 @@ class _ToolConnection:
         return cur
 
 
-class PostgresStore:
+class PostgresStore(SQLCore):
     """A ledger in a PostgreSQL database. Thread-safe: every call takes a pooled connection.
 
     URL options (the query string): ``pool_max`` (default 8) bounds the pool; ``durability``
@@ -536,168 +539,31 @@ class PostgresStore:
         finally:
             self._listen_lock.release()
 
-    def _apply_txn(
-        self, conn: Connection, batch: Batch, *, lease_ttl: float, now: float
-    ) -> tuple[dict[str, Any] | None, list[Any] | None]:
-        """Write one batch in the caller's transaction and pipeline: one round trip for the new
-        run and the fence, one per operation binding, and the rest go with the commit. Returns
-        the run's control request and the batch's seal, which the caller appends (one more round
-        trip, for its shard's head) once the transaction's batches are written."""
-        head = None
-        if batch.new_run is not None:
-            run = batch.new_run
-            head = _one(
-                conn,
-                _INSERT_RUN,
-                [*rowmap.row_values(run, rowmap.RUN_FIELDS), audit_chain.genesis(run.run_id)],
-            )
-            if head is None:
-                raise errors.IdempotencyConflict(
-                    f"run id {run.run_id!r} is taken; nothing of this batch was written",
-                    run_id=run.run_id,
-                )
-        if batch.lease_token is not None:
-            head = _one(
-                conn,
-                "UPDATE runs SET lease_expires_at = %s WHERE run_id = %s AND lease_token = %s "
-                f"RETURNING {rowmap.HEAD}",
-                (now + lease_ttl, batch.run_id, batch.lease_token),
-            )
-            if head is None:
-                raise errors.LeaseLost(
-                    f"run {batch.run_id}: lease token {batch.lease_token} is no longer current; "
-                    "another worker owns the run, so this process writes nothing",
-                    run_id=batch.run_id,
-                )
-        elif head is None:
-            head = _one(
-                conn,
-                f"SELECT {rowmap.HEAD} FROM runs WHERE run_id = %s FOR UPDATE",
-                (batch.run_id,),
-            )
-            if head is None:
-                raise errors.RunNotFound(f"run {batch.run_id} does not exist", run_id=batch.run_id)
-        # The run's row is locked now (by the fence, the insert or FOR UPDATE): every other writer
-        # of the run waits, and each statement from here reads what the last one committed.
-        for expectation in batch.expectations:
-            self._check_txn(conn, batch.run_id, expectation)
-        for op in batch.operations:
-            self._bind_operation_txn(conn, op)
-        for decision in batch.decisions:
-            if (
-                _one(conn, _INSERT_DECISION, rowmap.row_values(decision, rowmap.DECISION_FIELDS))
-                is None
-            ):
-                raise errors.IdempotencyConflict(
-                    f"decision {decision.decision_id} is taken already; nothing was recorded",
-                    run_id=batch.run_id,
-                    effect_id=decision.effect_id,
-                )
-        for approval in batch.approvals:
-            if (
-                _one(conn, _INSERT_APPROVAL, rowmap.row_values(approval, rowmap.APPROVAL_FIELDS))
-                is None
-            ):
-                raise errors.IdempotencyConflict(
-                    f"approval {approval.approval_id} is taken already; nothing was recorded",
-                    run_id=batch.run_id,
-                    step_id=approval.step_id,
-                )
-        writes: list[tuple[str, str, list[str], Iterable[Any]]] = [
-            ("steps", _UPSERT_STEP, rowmap.STEP_FIELDS, batch.steps.values()),
-            ("effects", _UPSERT_EFFECT, rowmap.EFFECT_FIELDS, batch.effects.values()),
-            ("attempts", _UPSERT_ATTEMPT, rowmap.ATTEMPT_FIELDS, batch.attempts.values()),
-        ]
-        changes = dict(batch.run_changes)
-        assert head is not None  # the fence, the insert or the read above found the run
-        written: dict[str, list[list[Any]]] = {}
+    # -- the shared write path's hooks (``sql_core``) -------------------------------------------
+
+    #: An unfenced batch locks its run's row (a fenced one has, by its UPDATE).
+    _LOCK_RUN = " FOR UPDATE"
+
+    def _one(self, conn: Connection, sql: str, params: Sequence[Any]) -> Row | None:
+        """Run ``sql`` and read its first row: a round trip (the pipeline syncs)."""
+        return _one(conn, _pg(sql), params)
+
+    def _exec(self, conn: Connection, sql: str, params: Sequence[Any]) -> None:
+        """Queue ``sql``: in the pipeline it travels with the next statement that is read."""
+        conn.execute(_pg(sql), params)
+
+    def _many(self, conn: Connection, sql: str, rows: Sequence[Sequence[Any]]) -> None:
+        """Queue ``sql`` once per row."""
         with conn.cursor() as cur:
-            for table, sql, fields, records_ in writes:
-                values = [rowmap.row_values(record, fields) for record in records_]
-                if values:
-                    written[table] = values
-                    cur.executemany(sql, values)
-            if batch.audit:
-                events, changes["audit_head"], changes["audit_count"] = _chain(
-                    batch, head["audit_head"], head["audit_count"], self.audit_key
-                )
-                cur.executemany(_INSERT_AUDIT, events)
-            sealed = audit_chain.seal_batch(
-                batch,
-                rowmap.run_state(head),
-                head["seal_head"],
-                head["seal_count"],
-                changes,
-                changes["audit_head"] if batch.audit else head["audit_head"],
-                changes["audit_count"] if batch.audit else head["audit_count"],
-                now,
-                self.audit_key,
-                written,
-            )
-            if sealed is not None:
-                changes["seal_head"], changes["seal_count"] = sealed[1], sealed[2]
-            if changes:
-                changes.setdefault("updated_at", now)
-                assignments = ", ".join(f"{rowmap.column(k)} = %s" for k in changes)
-                cur.execute(
-                    f"UPDATE runs SET {assignments} WHERE run_id = %s",
-                    [*(rowmap.value(k, v) for k, v in changes.items()), batch.run_id],
-                )
-            # A run created for workers, or handed back to them, wakes the ones waiting.
-            if batch.new_run is not None or "status" in changes or "lease_owner" in changes:
-                cur.execute(
-                    "SELECT pg_notify(%s, run_id) FROM runs WHERE run_id = %s "
-                    "AND status IN ('running', 'cancelling') AND lease_owner IS NULL",
-                    (CHANNEL, batch.run_id),
-                )
-        seal = None if sealed is None else sealed[0]
-        if "control" in changes:
-            return changes["control"], seal
-        return rowmap.loads(head["control_json"]), seal
+            cur.executemany(_pg(sql), rows)
 
-    def _check_txn(self, conn: Connection, run_id: str, expectation: expect.Expectation) -> None:
-        """Refuse the batch (``StaleState``) unless ``expectation`` holds, read under the run's
-        row lock (so no other writer of the run can change it before the batch commits)."""
-        row = _one(
-            conn,
-            expect.QUERIES[expectation.subject].replace("?", "%s"),
-            expectation.params(run_id),
-        )
-        found: Any = None
-        if row is not None:
-            found = rowmap.EXPECTED_ROW[expectation.subject](row)
-        refused = expect.refusal(expectation, run_id, found)
-        if refused is not None:
-            raise refused
-
-    def _bind_operation_txn(self, conn: Connection, op: OperationBinding) -> None:
-        # ON CONFLICT without a target also covers the key's own uniqueness: a key bound to another
-        # operation finds no row below and is refused too. (RETURNING, not rowcount: in a pipeline
-        # only a fetched result is known.)
-        if _one(conn, _BIND_OPERATION, rowmap.row_values(op, rowmap.OPERATION_FIELDS)) is not None:
-            return
-        row = _one(
-            conn,
-            "SELECT request_digest, run_id, step_id FROM operations "
-            "WHERE tenant = %s AND logical_operation_id = %s",
-            (op.tenant, op.logical_operation_id),
-        )
-        if row is None or row["request_digest"] != op.request_digest:
-            raise errors.IdempotencyConflict(
-                f"logical operation {op.logical_operation_id!r} is already bound to another "
-                "request; a new request needs a new operation id",
-                run_id=op.run_id,
-                step_id=op.step_id,
-                idempotency_key=op.idempotency_key,
-            )
-        if (row["run_id"], row["step_id"]) != (op.run_id, op.step_id):
-            # Two steps reached the intent of one operation at the same moment: one makes it.
-            raise errors.IdempotencyConflict(
-                f"logical operation {op.logical_operation_id!r} is being made by run "
-                f"{row['run_id']} (step {row['step_id']}); this step is answered by it",
-                run_id=op.run_id,
-                step_id=op.step_id,
-                idempotency_key=op.idempotency_key,
+    def _wrote(self, conn: Connection, batch: Batch, changes: dict[str, Any]) -> None:
+        """A run created for workers, or handed back to them, wakes the ones waiting."""
+        if batch.new_run is not None or "status" in changes or "lease_owner" in changes:
+            conn.execute(
+                "SELECT pg_notify(%s, run_id) FROM runs WHERE run_id = %s "
+                "AND status IN ('running', 'cancelling') AND lease_owner IS NULL",
+                (CHANNEL, batch.run_id),
             )
 
     def claim(
@@ -955,41 +821,6 @@ class PostgresStore:
         info = pg_conninfo.conninfo_to_dict(self._conninfo)
         where = f"{info.get('host', '')}:{info.get('port', '')}/{info.get('dbname', '')}"
         return f"PostgresStore({where!r}, pool_max={self.pool_max})"
-
-
-def _chain(
-    batch: Batch, prev: str, count: int, key: bytes | None
-) -> tuple[list[tuple[Any, ...]], str, int]:
-    """The batch's audit rows chained onto ``prev``; returns them with the new head and length."""
-    rows = []
-    for draft in batch.audit:
-        digest = audit_chain.event_hash(
-            prev,
-            run_id=batch.run_id,
-            step_id=draft.step_id,
-            effect_id=draft.effect_id,
-            kind=draft.kind,
-            actor=draft.actor,
-            detail=draft.detail,
-            at=draft.at,
-            key=key,
-        )
-        rows.append(
-            (
-                batch.run_id,
-                draft.step_id,
-                draft.effect_id,
-                draft.kind,
-                draft.actor,
-                digests.canonical_json(draft.detail),
-                draft.at,
-                prev,
-                digest,
-            )
-        )
-        prev = digest
-        count += 1
-    return rows, prev, count
 
 
 def _filters(*, tenant: str | None, statuses: Sequence[str] | None) -> tuple[list[str], list[Any]]:

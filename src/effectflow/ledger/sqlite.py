@@ -21,10 +21,11 @@ from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import parse_qs, urlparse
 
-from effectflow import digests, errors
+from effectflow import errors
 from effectflow.ledger import audit as audit_chain
-from effectflow.ledger import expect, records, rowmap
+from effectflow.ledger import records, rowmap
 from effectflow.ledger.local import LocalTransaction
+from effectflow.ledger.sql_core import SQLCore
 from effectflow.ledger.store import (
     Applied,
     AuditProblem,
@@ -83,7 +84,7 @@ def _seconds(url: str, options: dict[str, str], name: str, default: float) -> fl
     return value
 
 
-class SQLiteStore:
+class SQLiteStore(SQLCore):
     """A ledger in one SQLite file. Thread-safe: one connection behind a lock."""
 
     def __init__(self, url: str) -> None:
@@ -377,217 +378,26 @@ class SQLiteStore:
         """SQLite has no notifications: sleep a short poll interval."""
         time.sleep(max(0.0, min(timeout, self.poll_interval)))
 
-    def _apply_txn(
-        self, conn: sqlite3.Connection, batch: Batch, *, lease_ttl: float, now: float
-    ) -> tuple[dict[str, Any] | None, list[Any] | None]:
-        """Write one batch in the caller's transaction; returns the run's control request and the
-        batch's seal, which the caller appends once the transaction's batches are written."""
-        head = None
-        if batch.new_run is not None:
-            run = batch.new_run
-            head = conn.execute(
-                rowmap.INSERT_RUN,
-                [*rowmap.row_values(run, rowmap.RUN_FIELDS), audit_chain.genesis(run.run_id)],
-            ).fetchone()
-            if head is None:
-                raise errors.IdempotencyConflict(
-                    f"run id {run.run_id!r} is taken; nothing of this batch was written",
-                    run_id=run.run_id,
-                )
-        if batch.lease_token is not None:
-            head = conn.execute(
-                "UPDATE runs SET lease_expires_at = ? WHERE run_id = ? AND lease_token = ? "
-                f"RETURNING {rowmap.HEAD}",
-                (now + lease_ttl, batch.run_id, batch.lease_token),
-            ).fetchone()
-            if head is None:
-                raise errors.LeaseLost(
-                    f"run {batch.run_id}: lease token {batch.lease_token} is no longer current; "
-                    "another worker owns the run, so this process writes nothing",
-                    run_id=batch.run_id,
-                )
-        elif head is None:
-            head = conn.execute(
-                f"SELECT {rowmap.HEAD} FROM runs WHERE run_id = ?", (batch.run_id,)
-            ).fetchone()
-            if head is None:
-                raise errors.RunNotFound(f"run {batch.run_id} does not exist", run_id=batch.run_id)
-        for expectation in batch.expectations:
-            self._check_txn(conn, batch.run_id, expectation)
-        for op in batch.operations:
-            self._bind_operation_txn(conn, op)
-        for decision in batch.decisions:
-            cur = conn.execute(
-                "INSERT INTO decisions (decision_id, tenant, params_digest, effect_id, decided_at) "
-                "VALUES (?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
-                (
-                    decision.decision_id,
-                    decision.tenant,
-                    decision.params_digest,
-                    decision.effect_id,
-                    decision.decided_at,
-                ),
-            )
-            if cur.rowcount != 1:
-                raise errors.IdempotencyConflict(
-                    f"decision {decision.decision_id} is taken already; nothing was recorded",
-                    run_id=batch.run_id,
-                    effect_id=decision.effect_id,
-                )
-        for approval in batch.approvals:
-            cur = conn.execute(
-                "INSERT INTO approvals (approval_id, tenant, run_id, step_id, request_digest, "
-                "approver, note, approved_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?) "
-                "ON CONFLICT DO NOTHING",
-                (
-                    approval.approval_id,
-                    approval.tenant,
-                    approval.run_id,
-                    approval.step_id,
-                    approval.request_digest,
-                    approval.approver,
-                    approval.note,
-                    approval.approved_at,
-                ),
-            )
-            if cur.rowcount != 1:
-                raise errors.IdempotencyConflict(
-                    f"approval {approval.approval_id} is taken already; nothing was recorded",
-                    run_id=batch.run_id,
-                    step_id=approval.step_id,
-                )
-        written: dict[str, list[list[Any]]] = {}
-        for table, sql, fields, found in (
-            ("steps", rowmap.UPSERT_STEP, rowmap.STEP_FIELDS, batch.steps),
-            ("effects", rowmap.UPSERT_EFFECT, rowmap.EFFECT_FIELDS, batch.effects),
-            ("attempts", rowmap.UPSERT_ATTEMPT, rowmap.ATTEMPT_FIELDS, batch.attempts),
-        ):
-            if found:
-                values = written[table] = [rowmap.row_values(r, fields) for r in found.values()]
-                conn.executemany(sql, values)
-        changes = dict(batch.run_changes)
-        if batch.audit:
-            prev, count = head["audit_head"], head["audit_count"]
-            rows = []
-            for draft in batch.audit:
-                digest = audit_chain.event_hash(
-                    prev,
-                    run_id=batch.run_id,
-                    step_id=draft.step_id,
-                    effect_id=draft.effect_id,
-                    kind=draft.kind,
-                    actor=draft.actor,
-                    detail=draft.detail,
-                    at=draft.at,
-                    key=self.audit_key,
-                )
-                rows.append(
-                    (
-                        batch.run_id,
-                        draft.step_id,
-                        draft.effect_id,
-                        draft.kind,
-                        draft.actor,
-                        digests.canonical_json(draft.detail),
-                        draft.at,
-                        prev,
-                        digest,
-                    )
-                )
-                prev = digest
-                count += 1
-            conn.executemany(
-                "INSERT INTO audit (run_id, step_id, effect_id, kind, actor, detail_json, at, "
-                "prev_hash, hash) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                rows,
-            )
-            changes["audit_head"] = prev
-            changes["audit_count"] = count
-        sealed = audit_chain.seal_batch(
-            batch,
-            rowmap.run_state(head),
-            head["seal_head"],
-            head["seal_count"],
-            changes,
-            changes.get("audit_head", head["audit_head"]),
-            changes.get("audit_count", head["audit_count"]),
-            now,
-            self.audit_key,
-            written,
-        )
-        if sealed is not None:
-            changes["seal_head"], changes["seal_count"] = sealed[1], sealed[2]
-        if changes:
-            changes.setdefault("updated_at", now)
-            cols = [
-                (rowmap.column(k), rowmap.dumps(v) if k in rowmap.JSON_FIELDS else v)
-                for k, v in changes.items()
-            ]
-            conn.execute(
-                f"UPDATE runs SET {', '.join(f'{c} = ?' for c, _ in cols)} WHERE run_id = ?",
-                [*(v for _, v in cols), batch.run_id],
-            )
-        seal = None if sealed is None else sealed[0]
-        if "control" in changes:
-            return changes["control"], seal
-        return rowmap.loads(head["control_json"]), seal
+    # -- the shared write path's hooks (``sql_core``) -------------------------------------------
 
-    def _check_txn(
-        self, conn: sqlite3.Connection, run_id: str, expectation: expect.Expectation
-    ) -> None:
-        """Refuse the batch (``StaleState``) unless ``expectation`` holds; inside the writer's
-        ``BEGIN IMMEDIATE``, so nothing can change it before the batch commits."""
-        row = conn.execute(
-            expect.QUERIES[expectation.subject], expectation.params(run_id)
-        ).fetchone()
-        found: Any = None
-        if row is not None:
-            found = rowmap.EXPECTED_ROW[expectation.subject](row)
-        refused = expect.refusal(expectation, run_id, found)
-        if refused is not None:
-            raise refused
+    def _one(self, conn: sqlite3.Connection, sql: str, params: Sequence[Any]) -> sqlite3.Row | None:
+        """Run ``sql`` and read its first row."""
+        row: sqlite3.Row | None = conn.execute(sql, params).fetchone()
+        return row
 
-    def _bind_operation_txn(self, conn: sqlite3.Connection, op: OperationBinding) -> None:
-        cur = conn.execute(
-            "INSERT INTO operations (tenant, logical_operation_id, idempotency_key, request_digest, "
-            "tool, run_id, step_id, created_at, key_expires_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) "
-            "ON CONFLICT DO NOTHING",
-            (
-                op.tenant,
-                op.logical_operation_id,
-                op.idempotency_key,
-                op.request_digest,
-                op.tool,
-                op.run_id,
-                op.step_id,
-                op.created_at,
-                op.key_expires_at,
-            ),
-        )
-        if cur.rowcount == 1:
-            return
-        row = conn.execute(
-            "SELECT request_digest, run_id, step_id FROM operations "
-            "WHERE tenant = ? AND logical_operation_id = ?",
-            (op.tenant, op.logical_operation_id),
-        ).fetchone()
-        if row is None or row["request_digest"] != op.request_digest:
-            raise errors.IdempotencyConflict(
-                f"logical operation {op.logical_operation_id!r} is already bound to another "
-                "request; a new request needs a new operation id",
-                run_id=op.run_id,
-                step_id=op.step_id,
-                idempotency_key=op.idempotency_key,
-            )
-        if (row["run_id"], row["step_id"]) != (op.run_id, op.step_id):
-            # Two steps reached the intent of one operation at the same moment: one makes it.
-            raise errors.IdempotencyConflict(
-                f"logical operation {op.logical_operation_id!r} is being made by run "
-                f"{row['run_id']} (step {row['step_id']}); this step is answered by it",
-                run_id=op.run_id,
-                step_id=op.step_id,
-                idempotency_key=op.idempotency_key,
-            )
+    def _exec(self, conn: sqlite3.Connection, sql: str, params: Sequence[Any]) -> None:
+        """Run ``sql``."""
+        conn.execute(sql, params)
+
+    def _many(self, conn: sqlite3.Connection, sql: str, rows: Sequence[Sequence[Any]]) -> None:
+        """Run ``sql`` once per row (one row: a plain execute, cheaper than executemany)."""
+        if len(rows) == 1:
+            conn.execute(sql, rows[0])
+        else:
+            conn.executemany(sql, rows)
+
+    def _wrote(self, conn: sqlite3.Connection, batch: Batch, changes: dict[str, Any]) -> None:
+        """Nothing to announce: SQLite has no notifications, workers poll (``wait_for_work``)."""
 
     def claim(
         self, run_id: str, *, owner: str, expected_token: int, ttl: float, now: float
