@@ -34,13 +34,10 @@ from effectflow import digests, errors
 from effectflow.ledger import audit as audit_chain
 from effectflow.ledger import records, rowmap
 from effectflow.ledger.local import LocalTransaction
-from effectflow.ledger.sql_core import SQLCore
+from effectflow.ledger.sql_core import SQLCore, SQLReads
 from effectflow.ledger.store import (
     Applied,
-    AuditProblem,
     Batch,
-    DecisionRecord,
-    OperationBinding,
     parse_durability,
 )
 
@@ -169,7 +166,7 @@ class _ToolConnection:
         return cur
 
 
-class PostgresStore(SQLCore):
+class PostgresStore(SQLCore, SQLReads):
     """A ledger in a PostgreSQL database. Thread-safe: every call takes a pooled connection.
 
     URL options (the query string): ``pool_max`` (default 8) bounds the pool; ``durability``
@@ -597,187 +594,14 @@ class PostgresStore(SQLCore):
             )
             return cur.rowcount
 
-    # -- reads ----------------------------------------------------------------------------------
+    # -- reads (the rest are ``sql_core.SQLReads``) ----------------------------------------------
 
-    def get_run(self, run_id: str, *, tenant: str | None = None) -> records.RunRecord | None:
-        """The run, or None (None too for another tenant's run)."""
-        rows = self._statement("SELECT * FROM runs WHERE run_id = %s", (run_id,))
-        if not rows or (tenant is not None and rows[0]["tenant"] != tenant):
-            return None
-        return rowmap.run(rows[0])
+    #: Rows created at the same moment are ordered by their insertion.
+    _TIE = "insert_seq"
 
-    def list_runs(
-        self,
-        *,
-        tenant: str | None,
-        statuses: Sequence[str] | None = None,
-        limit: int = 100,
-        before: float | None = None,
-        scope: str | None = None,
-        call_id: str | None = None,
-    ) -> list[records.RunRecord]:
-        """Newest first (of runs created at the same time, the last inserted first)."""
-        where, params = _filters(tenant=tenant, statuses=statuses)
-        if before is not None:
-            where.append("created_at < %s")
-            params.append(before)
-        for column, value in (("scope", scope), ("call_id", call_id)):
-            if value is not None:
-                where.append(f"{column} = %s")
-                params.append(value)
-        sql = "SELECT * FROM runs"
-        if where:
-            sql += " WHERE " + " AND ".join(where)
-        sql += " ORDER BY created_at DESC, insert_seq DESC LIMIT %s"
-        return [rowmap.run(r) for r in self._statement(sql, [*params, limit])]
-
-    def runs_to_recover(self, *, now: float, limit: int = 100) -> list[records.RunRecord]:
-        """Running runs with no live lease."""
-        rows = self._statement(
-            "SELECT * FROM runs WHERE status IN ('running', 'cancelling') "
-            "AND (lease_expires_at IS NULL OR lease_expires_at < %s) "
-            "ORDER BY created_at, insert_seq LIMIT %s",
-            (now, limit),
-        )
-        return [rowmap.run(r) for r in rows]
-
-    def leased_running_runs(self, *, limit: int = 1000) -> list[records.RunRecord]:
-        """Running runs that still hold a lease (the runtime checks whether the holder lives)."""
-        rows = self._statement(
-            "SELECT * FROM runs WHERE status IN ('running', 'cancelling') "
-            "AND lease_expires_at IS NOT NULL ORDER BY created_at, insert_seq LIMIT %s",
-            (limit,),
-        )
-        return [rowmap.run(r) for r in rows]
-
-    def lease_owners(self, *, now: float) -> list[str]:
-        """Owners of unexpired leases on running runs."""
-        rows = self._statement(
-            "SELECT DISTINCT lease_owner FROM runs WHERE status IN ('running', 'cancelling') "
-            "AND lease_expires_at >= %s",
-            (now,),
-        )
-        return [r["lease_owner"] for r in rows if r["lease_owner"] is not None]
-
-    def steps(self, run_id: str) -> list[records.StepRecord]:
-        """Steps in order."""
-        rows = self._statement("SELECT * FROM steps WHERE run_id = %s ORDER BY seq", (run_id,))
-        return [rowmap.step(r) for r in rows]
-
-    def attempts(self, run_id: str, step_id: str | None = None) -> list[records.AttemptRecord]:
-        """Attempts in order."""
-        if step_id is None:
-            rows = self._statement(
-                "SELECT * FROM attempts WHERE run_id = %s ORDER BY started_at, number, insert_seq",
-                (run_id,),
-            )
-        else:
-            rows = self._statement(
-                "SELECT * FROM attempts WHERE run_id = %s AND step_id = %s "
-                "ORDER BY number, insert_seq",
-                (run_id, step_id),
-            )
-        return [rowmap.attempt(r) for r in rows]
-
-    def effects(
-        self,
-        *,
-        tenant: str | None,
-        run_id: str | None = None,
-        statuses: Sequence[str] | None = None,
-        limit: int = 1000,
-    ) -> list[records.EffectRecord]:
-        """Effects, oldest first."""
-        where, params = _filters(tenant=tenant, statuses=statuses)
-        if run_id is not None:
-            where.append("run_id = %s")
-            params.append(run_id)
-        sql = "SELECT * FROM effects"
-        if where:
-            sql += " WHERE " + " AND ".join(where)
-        sql += " ORDER BY created_at, insert_seq LIMIT %s"
-        return [rowmap.effect(r) for r in self._statement(sql, [*params, limit])]
-
-    def effects_in_doubt(
-        self, *, tenant: str | None, now: float, limit: int = 1000
-    ) -> list[records.EffectRecord]:
-        """In-doubt effects no unexpired lease covers, oldest first."""
-        mine = "e.tenant = %s AND " if tenant is not None else ""
-        rows = self._statement(
-            "SELECT e.* FROM effects e JOIN runs r ON r.run_id = e.run_id "
-            f"WHERE {mine}e.status IN ('intent_recorded', 'unknown', 'needs_attention') "
-            "AND NOT (r.status IN ('running', 'cancelling') AND r.lease_expires_at IS NOT NULL "
-            "AND r.lease_expires_at >= %s) ORDER BY e.created_at, e.insert_seq LIMIT %s",
-            (*([tenant] if tenant is not None else []), now, limit),
-        )
-        return [rowmap.effect(r) for r in rows]
-
-    def get_effect(
-        self, effect_id: str, *, tenant: str | None = None
-    ) -> records.EffectRecord | None:
-        """One effect, or None."""
-        rows = self._statement("SELECT * FROM effects WHERE effect_id = %s", (effect_id,))
-        if not rows or (tenant is not None and rows[0]["tenant"] != tenant):
-            return None
-        return rowmap.effect(rows[0])
-
-    def get_operation(self, tenant: str, logical_operation_id: str) -> OperationBinding | None:
-        """The binding, or None."""
-        rows = self._statement(
-            "SELECT * FROM operations WHERE tenant = %s AND logical_operation_id = %s",
-            (tenant, logical_operation_id),
-        )
-        return rowmap.from_row(OperationBinding, rowmap.OPERATION_FIELDS, rows[0]) if rows else None
-
-    def get_decision(self, tenant: str, decision_id: str) -> DecisionRecord | None:
-        """A pinned decision, or None."""
-        rows = self._statement(
-            "SELECT * FROM decisions WHERE tenant = %s AND decision_id = %s",
-            (tenant, decision_id),
-        )
-        return rowmap.from_row(DecisionRecord, rowmap.DECISION_FIELDS, rows[0]) if rows else None
-
-    def get_approval(self, tenant: str, approval_id: str) -> records.ApprovalRecord | None:
-        """An approval by id, or None."""
-        rows = self._statement(
-            "SELECT * FROM approvals WHERE tenant = %s AND approval_id = %s",
-            (tenant, approval_id),
-        )
-        return (
-            rowmap.from_row(records.ApprovalRecord, rowmap.APPROVAL_FIELDS, rows[0])
-            if rows
-            else None
-        )
-
-    def approvals(self, run_id: str, step_id: str | None = None) -> list[records.ApprovalRecord]:
-        """Approvals oldest first."""
-        if step_id is None:
-            rows = self._statement(
-                "SELECT * FROM approvals WHERE run_id = %s ORDER BY approved_at, insert_seq",
-                (run_id,),
-            )
-        else:
-            rows = self._statement(
-                "SELECT * FROM approvals WHERE run_id = %s AND step_id = %s "
-                "ORDER BY approved_at, insert_seq",
-                (run_id, step_id),
-            )
-        return [rowmap.from_row(records.ApprovalRecord, rowmap.APPROVAL_FIELDS, r) for r in rows]
-
-    def audit(self, run_id: str) -> list[records.AuditEvent]:
-        """The run's audit events in order."""
-        rows = self._statement("SELECT * FROM audit WHERE run_id = %s ORDER BY seq", (run_id,))
-        return [rowmap.event(r) for r in rows]
-
-    def verify_audit(self, run_id: str | None = None) -> list[AuditProblem]:
-        """Recompute every run's chains (or one run's) and compare its rows with their seals
-        (``audit.verify``), with the operator's audit key when the ledger is keyed."""
-        found = audit_chain.verify(self, run_id, self.audit_key)
-        return [AuditProblem(p.run_id, p.seq, p.message) for p in found]
-
-    def audit_rows(self, sql: str, params: Sequence[Any]) -> list[dict[str, Any]]:
-        """Rows of a read-only query (``?`` placeholders), for ``audit.verify``."""
-        return [dict(r) for r in self._statement(sql.replace("?", "%s"), params)]
+    def _read(self, sql: str, params: Sequence[Any]) -> list[Any]:
+        """Run a read-only statement (the reads of ``sql_core``): one round trip."""
+        return self._statement(_pg(sql), params)
 
     @contextmanager
     def audit_snapshot(self) -> Iterator[None]:
@@ -821,18 +645,6 @@ class PostgresStore(SQLCore):
         info = pg_conninfo.conninfo_to_dict(self._conninfo)
         where = f"{info.get('host', '')}:{info.get('port', '')}/{info.get('dbname', '')}"
         return f"PostgresStore({where!r}, pool_max={self.pool_max})"
-
-
-def _filters(*, tenant: str | None, statuses: Sequence[str] | None) -> tuple[list[str], list[Any]]:
-    where: list[str] = []
-    params: list[Any] = []
-    if tenant is not None:
-        where.append("tenant = %s")
-        params.append(tenant)
-    if statuses:
-        where.append("status = ANY(%s::text[])")
-        params.append([str(s) for s in statuses])
-    return where, params
 
 
 #: The JSON columns migration 8 turned from jsonb into TEXT.

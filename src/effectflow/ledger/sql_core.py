@@ -23,8 +23,8 @@ from typing import Any
 
 from effectflow import digests, errors
 from effectflow.ledger import audit as audit_chain
-from effectflow.ledger import expect, rowmap
-from effectflow.ledger.store import Batch, OperationBinding
+from effectflow.ledger import expect, records, rowmap
+from effectflow.ledger.store import AuditProblem, Batch, DecisionRecord, OperationBinding
 
 
 class SQLCore(abc.ABC):
@@ -249,3 +249,217 @@ def chain_events(
         prev = digest
         count += 1
     return rows, prev, count
+
+
+#: Run statuses a worker executes.
+RUNNING = "('running', 'cancelling')"
+#: Step statuses whose outcome is not known yet.
+IN_DOUBT = "('intent_recorded', 'unknown', 'needs_attention')"
+
+
+class SQLReads(abc.ABC):
+    """The reads both SQL ledgers answer the same way, in statements with ``?`` placeholders.
+
+    A backend gives ``_read`` (run a statement, all its rows) and ``_TIE``: the column that orders
+    rows created at the same moment (PostgreSQL's ``insert_seq``; SQLite keeps insertion order
+    for equal keys of one index walk, so it needs none).
+    """
+
+    #: The tie-breaker column of equal times (empty: none).
+    _TIE = ""
+
+    @abc.abstractmethod
+    def _read(self, sql: str, params: Sequence[Any]) -> list[Any]:
+        """Run a read-only ``sql`` and return all its rows."""
+
+    def _tie(self, alias: str = "", *, desc: bool = False) -> str:
+        """``, <alias>insert_seq`` where the backend has a tie-breaker."""
+        return f", {alias}{self._TIE}{' DESC' if desc else ''}" if self._TIE else ""
+
+    def get_run(self, run_id: str, *, tenant: str | None = None) -> records.RunRecord | None:
+        """The run, or None (None too for another tenant's run)."""
+        rows = self._read("SELECT * FROM runs WHERE run_id = ?", (run_id,))
+        if not rows or (tenant is not None and rows[0]["tenant"] != tenant):
+            return None
+        return rowmap.run(rows[0])
+
+    def list_runs(
+        self,
+        *,
+        tenant: str | None,
+        statuses: Sequence[str] | None = None,
+        limit: int = 100,
+        before: float | None = None,
+        scope: str | None = None,
+        call_id: str | None = None,
+    ) -> list[records.RunRecord]:
+        """Newest first (of runs created at the same time, the last inserted first)."""
+        where, params = filters(tenant=tenant, statuses=statuses)
+        if before is not None:
+            where.append("created_at < ?")
+            params.append(before)
+        for name, value in (("scope", scope), ("call_id", call_id)):
+            if value is not None:
+                where.append(f"{name} = ?")
+                params.append(value)
+        sql = "SELECT * FROM runs"
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        sql += f" ORDER BY created_at DESC{self._tie(desc=True)} LIMIT ?"
+        return [rowmap.run(r) for r in self._read(sql, [*params, limit])]
+
+    def runs_to_recover(self, *, now: float, limit: int = 100) -> list[records.RunRecord]:
+        """Running runs with no live lease."""
+        rows = self._read(
+            f"SELECT * FROM runs WHERE status IN {RUNNING} "
+            "AND (lease_expires_at IS NULL OR lease_expires_at < ?) "
+            f"ORDER BY created_at{self._tie()} LIMIT ?",
+            (now, limit),
+        )
+        return [rowmap.run(r) for r in rows]
+
+    def leased_running_runs(self, *, limit: int = 1000) -> list[records.RunRecord]:
+        """Running runs that still hold a lease (the runtime checks whether the holder lives)."""
+        rows = self._read(
+            f"SELECT * FROM runs WHERE status IN {RUNNING} "
+            f"AND lease_expires_at IS NOT NULL ORDER BY created_at{self._tie()} LIMIT ?",
+            (limit,),
+        )
+        return [rowmap.run(r) for r in rows]
+
+    def lease_owners(self, *, now: float) -> list[str]:
+        """Owners of unexpired leases on running runs."""
+        rows = self._read(
+            f"SELECT DISTINCT lease_owner FROM runs WHERE status IN {RUNNING} "
+            "AND lease_expires_at >= ?",
+            (now,),
+        )
+        return [r["lease_owner"] for r in rows if r["lease_owner"] is not None]
+
+    def steps(self, run_id: str) -> list[records.StepRecord]:
+        """Steps in order."""
+        rows = self._read("SELECT * FROM steps WHERE run_id = ? ORDER BY seq", (run_id,))
+        return [rowmap.step(r) for r in rows]
+
+    def attempts(self, run_id: str, step_id: str | None = None) -> list[records.AttemptRecord]:
+        """Attempts in order."""
+        if step_id is None:
+            rows = self._read(
+                f"SELECT * FROM attempts WHERE run_id = ? ORDER BY started_at, number{self._tie()}",
+                (run_id,),
+            )
+        else:
+            rows = self._read(
+                "SELECT * FROM attempts WHERE run_id = ? AND step_id = ? "
+                f"ORDER BY number{self._tie()}",
+                (run_id, step_id),
+            )
+        return [rowmap.attempt(r) for r in rows]
+
+    def effects(
+        self,
+        *,
+        tenant: str | None,
+        run_id: str | None = None,
+        statuses: Sequence[str] | None = None,
+        limit: int = 1000,
+    ) -> list[records.EffectRecord]:
+        """Effects, oldest first."""
+        where, params = filters(tenant=tenant, statuses=statuses)
+        if run_id is not None:
+            where.append("run_id = ?")
+            params.append(run_id)
+        sql = "SELECT * FROM effects"
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        sql += f" ORDER BY created_at{self._tie()} LIMIT ?"
+        return [rowmap.effect(r) for r in self._read(sql, [*params, limit])]
+
+    def effects_in_doubt(
+        self, *, tenant: str | None, now: float, limit: int = 1000
+    ) -> list[records.EffectRecord]:
+        """In-doubt effects no unexpired lease covers, oldest first."""
+        mine = "e.tenant = ? AND " if tenant is not None else ""
+        rows = self._read(
+            "SELECT e.* FROM effects e JOIN runs r ON r.run_id = e.run_id "
+            f"WHERE {mine}e.status IN {IN_DOUBT} "
+            f"AND NOT (r.status IN {RUNNING} AND r.lease_expires_at IS NOT NULL "
+            f"AND r.lease_expires_at >= ?) ORDER BY e.created_at{self._tie('e.')} LIMIT ?",
+            (*([tenant] if tenant is not None else []), now, limit),
+        )
+        return [rowmap.effect(r) for r in rows]
+
+    def get_effect(
+        self, effect_id: str, *, tenant: str | None = None
+    ) -> records.EffectRecord | None:
+        """One effect, or None."""
+        rows = self._read("SELECT * FROM effects WHERE effect_id = ?", (effect_id,))
+        if not rows or (tenant is not None and rows[0]["tenant"] != tenant):
+            return None
+        return rowmap.effect(rows[0])
+
+    def get_operation(self, tenant: str, logical_operation_id: str) -> OperationBinding | None:
+        """The binding, or None."""
+        rows = self._read(
+            "SELECT * FROM operations WHERE tenant = ? AND logical_operation_id = ?",
+            (tenant, logical_operation_id),
+        )
+        return rowmap.operation(rows[0]) if rows else None
+
+    def get_decision(self, tenant: str, decision_id: str) -> DecisionRecord | None:
+        """A pinned decision, or None."""
+        rows = self._read(
+            "SELECT * FROM decisions WHERE tenant = ? AND decision_id = ?", (tenant, decision_id)
+        )
+        return rowmap.decision(rows[0]) if rows else None
+
+    def get_approval(self, tenant: str, approval_id: str) -> records.ApprovalRecord | None:
+        """An approval by id, or None."""
+        rows = self._read(
+            "SELECT * FROM approvals WHERE tenant = ? AND approval_id = ?", (tenant, approval_id)
+        )
+        return rowmap.approval(rows[0]) if rows else None
+
+    def approvals(self, run_id: str, step_id: str | None = None) -> list[records.ApprovalRecord]:
+        """Approvals oldest first."""
+        if step_id is None:
+            rows = self._read(
+                f"SELECT * FROM approvals WHERE run_id = ? ORDER BY approved_at{self._tie()}",
+                (run_id,),
+            )
+        else:
+            rows = self._read(
+                "SELECT * FROM approvals WHERE run_id = ? AND step_id = ? "
+                f"ORDER BY approved_at{self._tie()}",
+                (run_id, step_id),
+            )
+        return [rowmap.approval(r) for r in rows]
+
+    def audit(self, run_id: str) -> list[records.AuditEvent]:
+        """The run's audit events in order."""
+        rows = self._read("SELECT * FROM audit WHERE run_id = ? ORDER BY seq", (run_id,))
+        return [rowmap.event(r) for r in rows]
+
+    def audit_rows(self, sql: str, params: Sequence[Any]) -> list[dict[str, Any]]:
+        """Rows of a read-only query (``?`` placeholders), for ``audit.verify``."""
+        return [dict(r) for r in self._read(sql, params)]
+
+    def verify_audit(self, run_id: str | None = None) -> list[AuditProblem]:
+        """Recompute every run's chains (or one run's) and compare its rows with their seals
+        (``audit.verify``), with the operator's audit key when the ledger is keyed."""
+        key: bytes | None = getattr(self, "audit_key", None)
+        found = audit_chain.verify(self, run_id, key)
+        return [AuditProblem(p.run_id, p.seq, p.message) for p in found]
+
+
+def filters(*, tenant: str | None, statuses: Sequence[str] | None) -> tuple[list[str], list[Any]]:
+    """The WHERE terms (and their parameters) of a listing by tenant and status."""
+    where: list[str] = []
+    params: list[Any] = []
+    if tenant is not None:
+        where.append("tenant = ?")
+        params.append(tenant)
+    if statuses:
+        where.append(f"status IN ({', '.join('?' for _ in statuses)})")
+        params.extend(statuses)
+    return where, params

@@ -25,13 +25,10 @@ from effectflow import errors
 from effectflow.ledger import audit as audit_chain
 from effectflow.ledger import records, rowmap
 from effectflow.ledger.local import LocalTransaction
-from effectflow.ledger.sql_core import SQLCore
+from effectflow.ledger.sql_core import SQLCore, SQLReads
 from effectflow.ledger.store import (
     Applied,
-    AuditProblem,
     Batch,
-    DecisionRecord,
-    OperationBinding,
     parse_durability,
 )
 
@@ -84,7 +81,7 @@ def _seconds(url: str, options: dict[str, str], name: str, default: float) -> fl
     return value
 
 
-class SQLiteStore(SQLCore):
+class SQLiteStore(SQLCore, SQLReads):
     """A ledger in one SQLite file. Thread-safe: one connection behind a lock."""
 
     def __init__(self, url: str) -> None:
@@ -432,185 +429,15 @@ class SQLiteStore(SQLCore):
             )
             return cur.rowcount
 
-    # -- reads ----------------------------------------------------------------------------------
+    # -- reads (the rest are ``sql_core.SQLReads``) ----------------------------------------------
+
+    def _read(self, sql: str, params: Sequence[Any]) -> list[Any]:
+        """Run a read-only statement on the store's connection (the reads of ``sql_core``)."""
+        return self._all(sql, params)
 
     def _all(self, sql: str, params: Sequence[Any] = ()) -> list[sqlite3.Row]:
         with self._lock:
             return self._conn.execute(sql, params).fetchall()
-
-    def get_run(self, run_id: str, *, tenant: str | None = None) -> records.RunRecord | None:
-        """The run, or None (None too for another tenant's run)."""
-        rows = self._all("SELECT * FROM runs WHERE run_id = ?", (run_id,))
-        if not rows or (tenant is not None and rows[0]["tenant"] != tenant):
-            return None
-        return rowmap.run(rows[0])
-
-    def list_runs(
-        self,
-        *,
-        tenant: str | None,
-        statuses: Sequence[str] | None = None,
-        limit: int = 100,
-        before: float | None = None,
-        scope: str | None = None,
-        call_id: str | None = None,
-    ) -> list[records.RunRecord]:
-        """Newest first."""
-        where, params = _filters(tenant=tenant, statuses=statuses)
-        if before is not None:
-            where.append("created_at < ?")
-            params.append(before)
-        for column, value in (("scope", scope), ("call_id", call_id)):
-            if value is not None:
-                where.append(f"{column} = ?")
-                params.append(value)
-        sql = "SELECT * FROM runs"
-        if where:
-            sql += " WHERE " + " AND ".join(where)
-        sql += " ORDER BY created_at DESC, rowid DESC LIMIT ?"
-        return [rowmap.run(r) for r in self._all(sql, [*params, limit])]
-
-    def runs_to_recover(self, *, now: float, limit: int = 100) -> list[records.RunRecord]:
-        """Running runs with no live lease."""
-        rows = self._all(
-            "SELECT * FROM runs WHERE status IN ('running', 'cancelling') "
-            "AND (lease_expires_at IS NULL OR lease_expires_at < ?) ORDER BY created_at LIMIT ?",
-            (now, limit),
-        )
-        return [rowmap.run(r) for r in rows]
-
-    def leased_running_runs(self, *, limit: int = 1000) -> list[records.RunRecord]:
-        """Running runs that still hold a lease (the runtime checks whether the holder lives)."""
-        rows = self._all(
-            "SELECT * FROM runs WHERE status IN ('running', 'cancelling') "
-            "AND lease_expires_at IS NOT NULL "
-            "ORDER BY created_at LIMIT ?",
-            (limit,),
-        )
-        return [rowmap.run(r) for r in rows]
-
-    def lease_owners(self, *, now: float) -> list[str]:
-        """Owners of unexpired leases on running runs."""
-        rows = self._all(
-            "SELECT DISTINCT lease_owner FROM runs WHERE status IN ('running', 'cancelling') "
-            "AND lease_expires_at >= ?",
-            (now,),
-        )
-        return [r["lease_owner"] for r in rows if r["lease_owner"] is not None]
-
-    def steps(self, run_id: str) -> list[records.StepRecord]:
-        """Steps in order."""
-        return [
-            rowmap.step(r)
-            for r in self._all("SELECT * FROM steps WHERE run_id = ? ORDER BY seq", (run_id,))
-        ]
-
-    def attempts(self, run_id: str, step_id: str | None = None) -> list[records.AttemptRecord]:
-        """Attempts in order."""
-        if step_id is None:
-            rows = self._all(
-                "SELECT * FROM attempts WHERE run_id = ? ORDER BY started_at, number", (run_id,)
-            )
-        else:
-            rows = self._all(
-                "SELECT * FROM attempts WHERE run_id = ? AND step_id = ? ORDER BY number",
-                (run_id, step_id),
-            )
-        return [rowmap.attempt(r) for r in rows]
-
-    def effects(
-        self,
-        *,
-        tenant: str | None,
-        run_id: str | None = None,
-        statuses: Sequence[str] | None = None,
-        limit: int = 1000,
-    ) -> list[records.EffectRecord]:
-        """Effects, oldest first."""
-        where, params = _filters(tenant=tenant, statuses=statuses)
-        if run_id is not None:
-            where.append("run_id = ?")
-            params.append(run_id)
-        sql = "SELECT * FROM effects"
-        if where:
-            sql += " WHERE " + " AND ".join(where)
-        sql += " ORDER BY created_at LIMIT ?"
-        return [rowmap.effect(r) for r in self._all(sql, [*params, limit])]
-
-    def effects_in_doubt(
-        self, *, tenant: str | None, now: float, limit: int = 1000
-    ) -> list[records.EffectRecord]:
-        """In-doubt effects no unexpired lease covers, oldest first."""
-        mine = "e.tenant = ? AND " if tenant is not None else ""
-        rows = self._all(
-            "SELECT e.* FROM effects e JOIN runs r ON r.run_id = e.run_id "
-            f"WHERE {mine}e.status IN ('intent_recorded', 'unknown', 'needs_attention') "
-            "AND NOT (r.status IN ('running', 'cancelling') AND r.lease_expires_at IS NOT NULL "
-            "AND r.lease_expires_at >= ?) ORDER BY e.created_at LIMIT ?",
-            (*([tenant] if tenant is not None else []), now, limit),
-        )
-        return [rowmap.effect(r) for r in rows]
-
-    def get_effect(
-        self, effect_id: str, *, tenant: str | None = None
-    ) -> records.EffectRecord | None:
-        """One effect, or None."""
-        rows = self._all("SELECT * FROM effects WHERE effect_id = ?", (effect_id,))
-        if not rows or (tenant is not None and rows[0]["tenant"] != tenant):
-            return None
-        return rowmap.effect(rows[0])
-
-    def get_operation(self, tenant: str, logical_operation_id: str) -> OperationBinding | None:
-        """The binding, or None."""
-        rows = self._all(
-            "SELECT * FROM operations WHERE tenant = ? AND logical_operation_id = ?",
-            (tenant, logical_operation_id),
-        )
-        return OperationBinding(**dict(rows[0])) if rows else None
-
-    def get_decision(self, tenant: str, decision_id: str) -> DecisionRecord | None:
-        """A pinned decision, or None."""
-        rows = self._all(
-            "SELECT * FROM decisions WHERE tenant = ? AND decision_id = ?",
-            (tenant, decision_id),
-        )
-        return DecisionRecord(**dict(rows[0])) if rows else None
-
-    def get_approval(self, tenant: str, approval_id: str) -> records.ApprovalRecord | None:
-        """An approval by id, or None."""
-        rows = self._all(
-            "SELECT * FROM approvals WHERE tenant = ? AND approval_id = ?",
-            (tenant, approval_id),
-        )
-        return records.ApprovalRecord(**dict(rows[0])) if rows else None
-
-    def approvals(self, run_id: str, step_id: str | None = None) -> list[records.ApprovalRecord]:
-        """Approvals oldest first."""
-        if step_id is None:
-            rows = self._all(
-                "SELECT * FROM approvals WHERE run_id = ? ORDER BY approved_at", (run_id,)
-            )
-        else:
-            rows = self._all(
-                "SELECT * FROM approvals WHERE run_id = ? AND step_id = ? ORDER BY approved_at",
-                (run_id, step_id),
-            )
-        return [records.ApprovalRecord(**dict(r)) for r in rows]
-
-    def audit(self, run_id: str) -> list[records.AuditEvent]:
-        """The run's audit events in order."""
-        rows = self._all("SELECT * FROM audit WHERE run_id = ? ORDER BY seq", (run_id,))
-        return [rowmap.from_row(records.AuditEvent, rowmap.AUDIT_FIELDS, r) for r in rows]
-
-    def verify_audit(self, run_id: str | None = None) -> list[AuditProblem]:
-        """Recompute every run's chains (or one run's) and compare its rows with their seals
-        (``audit.verify``), with the operator's audit key when the ledger is keyed."""
-        found = audit_chain.verify(self, run_id, self.audit_key)
-        return [AuditProblem(p.run_id, p.seq, p.message) for p in found]
-
-    def audit_rows(self, sql: str, params: Sequence[Any]) -> list[dict[str, Any]]:
-        """Rows of a read-only query (``?`` placeholders), for ``audit.verify``."""
-        return [dict(r) for r in self._all(sql, params)]
 
     @contextmanager
     def audit_snapshot(self) -> Iterator[None]:
@@ -644,18 +471,6 @@ class SQLiteStore(SQLCore):
 
     def __repr__(self) -> str:
         return f"SQLiteStore({self.path!r}, synchronous={self.synchronous}, pid={os.getpid()})"
-
-
-def _filters(*, tenant: str | None, statuses: Sequence[str] | None) -> tuple[list[str], list[Any]]:
-    where: list[str] = []
-    params: list[Any] = []
-    if tenant is not None:
-        where.append("tenant = ?")
-        params.append(tenant)
-    if statuses:
-        where.append(f"status IN ({', '.join('?' for _ in statuses)})")
-        params.extend(statuses)
-    return where, params
 
 
 #: The first bytes of every SQLite database file.
