@@ -11,6 +11,11 @@ Records read back identical to SQLite's: times are DOUBLE PRECISION epoch second
 columns hold the canonical JSON text the write path printed (TEXT, as SQLite does: jsonb would
 print ``1e16`` back as the integer ``10000000000000000``, another value than the one recorded and
 sealed). Cast a column to jsonb to query into it (``output_json::jsonb ->> 'id'``).
+
+What a batch writes and what the reads ask is written once for both ledgers (``sql_core``, rows
+mapped by ``rowmap``); this module keeps what is PostgreSQL's own: the pool, pipelined
+transactions, savepoints, locking the shards, claims, leases and notifications, settling a lost
+COMMIT, and the migrations.
 """
 
 from __future__ import annotations

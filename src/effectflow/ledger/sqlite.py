@@ -6,6 +6,11 @@ crash (``?synchronous=normal`` in the URL trades that for speed; the benchmark s
 becomes power-safe with the next FULL commit, which syncs the whole WAL (``store.DURABILITY``).
 Writers take ``BEGIN IMMEDIATE`` so two processes on one file serialize instead of failing
 mid-transaction.
+
+What a batch writes and what the reads ask is written once for both ledgers (``sql_core``, rows
+mapped by ``rowmap``); this module keeps what is SQLite's own: the file (refusing foreign ones,
+read-only opens), the lock and transactions, group commit's savepoints, the shards' remembered
+heads, claims and leases, and the migrations.
 """
 
 from __future__ import annotations
