@@ -50,6 +50,7 @@ def run(call: StepCall, existing: records.StepRecord | None) -> machine_io.Machi
         effect_id = (
             existing.effect_id if existing and existing.effect_id else machine_io.new_id("eff")
         )
+        created = _effect_created(call, existing, effect_id, started)
         attempt = call.new_attempt(records.AttemptKind.CALL, started)
 
         # The deferred writes ride with the checkpoint as a copy: if it rolls back, they are
@@ -57,7 +58,7 @@ def run(call: StepCall, existing: records.StepRecord | None) -> machine_io.Machi
         st.link_previous(call.step_id, st.pending)
         deferred = st.batch()
         checkpoint: list[records.StepRecord] = []
-        finish = _local_finish(call, existing, effect_id, attempt, deferred, checkpoint)
+        finish = _local_finish(call, existing, (effect_id, created), attempt, deferred, checkpoint)
         result: machine_io.Result = yield machine_io.InTransaction(
             call.tool, call.args, dict(call.kwargs), finish
         )
@@ -85,7 +86,9 @@ def run(call: StepCall, existing: records.StepRecord | None) -> machine_io.Machi
         retryable = doubt is not None or isinstance(
             exc, errors.NotCommitted | TimeoutError | ConnectionError
         )
-        existing = yield from _rolled_back(call, existing, effect_id, attempt, exc, retryable)
+        existing = yield from _rolled_back(
+            call, existing, (effect_id, created), attempt, exc, retryable
+        )
         if existing.status is StepStatus.REJECTED:
             raise errors.StepRejected(
                 f"step {call.step_id}: {call.tool.ref} refused; its transaction rolled back: {exc}",
@@ -105,13 +108,15 @@ def run(call: StepCall, existing: records.StepRecord | None) -> machine_io.Machi
 def _rolled_back(
     call: StepCall,
     existing: records.StepRecord | None,
-    effect_id: str,
+    effect: tuple[str, float],
     attempt: records.AttemptRecord,
     exc: BaseException,
     retryable: bool,
 ) -> Generator[machine_io.Request, Any, records.StepRecord]:
-    """Record that the transaction rolled back (refused, or not committed); returns the step."""
+    """Record that the transaction rolled back (refused, or not committed); returns the step.
+    ``effect``: the effect's id and creation time."""
     st = call.state
+    effect_id = effect[0]
     now = call.port.clock()
     error = classify.error_of(exc)
     rejected = isinstance(exc, errors.Rejected)
@@ -131,7 +136,7 @@ def _rolled_back(
         error=error,
     )
     batch.attempt(ended)
-    batch.effect(_local_effect(call, effect_id, attempt, status, now))
+    batch.effect(_local_effect(call, effect, attempt, status, now))
     verdict = decision.decide(
         Situation.TRANSACTION_NOT_COMMITTED, decision.Facts(call.contract.effect)
     )
@@ -202,15 +207,16 @@ def _settled_event(
 def _local_finish(
     call: StepCall,
     existing: records.StepRecord | None,
-    effect_id: str,
+    effect: tuple[str, float],
     attempt: records.AttemptRecord,
     deferred: Batch,
     checkpoint: list[records.StepRecord],
 ) -> Callable[[Any], Batch]:
     """The checkpoint batch of a local transaction, built inside it from the tool's result
     (and a copy of the deferred writes, which stay as they were if it rolls back); the step it
-    confirms is appended to ``checkpoint``."""
+    confirms is appended to ``checkpoint``. ``effect``: the effect's id and creation time."""
     st = call.state
+    effect_id = effect[0]
 
     def finish(value: Any) -> Batch:
         now = call.port.clock()
@@ -235,7 +241,7 @@ def _local_finish(
                 response_digest=digests.digest(output),
             )
         )
-        batch.effect(_local_effect(call, effect_id, attempt, StepStatus.CONFIRMED, now))
+        batch.effect(_local_effect(call, effect, attempt, StepStatus.CONFIRMED, now))
         batch.event(
             "local_commit",
             now,
@@ -251,13 +257,26 @@ def _local_finish(
     return finish
 
 
+def _effect_created(
+    call: StepCall, existing: records.StepRecord | None, effect_id: str, now: float
+) -> float:
+    """When the effect was first recorded: a retry after a rollback writes the effect that its
+    rollback recorded, whose creation time the ledger keeps (a new time in the record written,
+    and sealed, would set it apart from the row). ``now`` for an effect not recorded yet."""
+    if existing is None or existing.effect_id != effect_id:
+        return now
+    found = call.port.store.get_effect(effect_id)
+    return now if found is None else found.created_at
+
+
 def _local_effect(
     call: StepCall,
-    effect_id: str,
+    effect: tuple[str, float],
     attempt: records.AttemptRecord,
     status: StepStatus,
     now: float,
 ) -> records.EffectRecord:
+    effect_id, created_at = effect
     confirmed = status is StepStatus.CONFIRMED
     return records.EffectRecord(
         effect_id=effect_id,
@@ -281,6 +300,6 @@ def _local_effect(
         resolved_by=None,
         next_action=NextAction.NONE if confirmed else NextAction.EXECUTE,
         version=1,
-        created_at=now,
+        created_at=created_at,
         updated_at=now,
     )
