@@ -430,9 +430,6 @@ def test_an_unkeyed_head_against_a_keyed_ledger_is_caught(
     assert "signature does not match" in out
 
 
-@pytest.mark.xfail(strict=True, reason="FINDING 1: a malformed --against head file (a JSON list, "
-                   "a run entry without run_id, a shard n that is no number) crashes verify with "
-                   "a traceback (exit 1) instead of exit 2")  # fmt: skip
 @pytest.mark.parametrize("body", [
     "[]",
     '{"format": "effectflow-audit-head/1", "runs": [{}]}',
@@ -490,9 +487,7 @@ def test_a_cut_run_is_caught_by_a_whole_verify(built: Ledger) -> None:
     _tampered(built, f"shard {audit.shard_of('victim')}:")
 
 
-@pytest.mark.xfail(strict=True, reason="FINDING 2: `verify --run victim` says 'audit log intact' "
-                   "(exit 0) for a run whose newest write was cut with its seal: --run skips the "
-                   "shard chains, the only thing that shows the cut")  # fmt: skip
+
 def test_verify_of_one_cut_run_is_not_intact(built: Ledger) -> None:
     """Verifying the very run that was cut must not call it intact."""
     _cut_newest_write(built, "victim")
@@ -500,8 +495,7 @@ def test_verify_of_one_cut_run_is_not_intact(built: Ledger) -> None:
     assert code == 4, out
 
 
-@pytest.mark.xfail(strict=True, reason="FINDING 3: `verify --run victim` on a run deleted whole "
-                   "(or never written) says 'audit log intact', exit 0")  # fmt: skip
+
 def test_verify_of_a_deleted_run_is_not_intact(built: Ledger) -> None:
     """A run that is not in the ledger cannot be verified intact."""
     built.unprotect()
@@ -571,10 +565,7 @@ def test_a_back_dated_unsealed_run_is_caught(built: Ledger) -> None:
     _tampered(built, "run forged")
 
 
-@pytest.mark.xfail(strict=True, reason="FINDING 6: an operations row of a run that does not "
-                   "exist is not reported (the orphan check covers audit, seals, steps and "
-                   "effects only; approvals and attempts alike by the code): a binding planted "
-                   "for a future operation id verifies intact")  # fmt: skip
+
 def test_a_binding_of_a_run_that_does_not_exist_is_caught(built: Ledger) -> None:
     """A binding planted for a run id not in the ledger (to hijack a later call's operation id)."""
     built.sql(
@@ -712,11 +703,6 @@ def _rollback_once(store: Any) -> Iterator[None]:
     assert not left
 
 
-@pytest.mark.xfail(strict=True, reason="FINDING 7: SQLite's remembered shard head is confirmed by "
-                   "its length only (UPDATE ... AND n = ?): after a rolled-back transaction the "
-                   "store remembers n+1 and its own head; when another process then seals exactly "
-                   "one in that shard, the store's next seal chains onto the rolled-back head, "
-                   "and an honest ledger no longer verifies (its shard chain is broken)")  # fmt: skip
 def test_two_sqlite_stores_taking_turns_after_a_rollback_keep_the_chain(
     tmp_path: Path, key: str
 ) -> None:

@@ -173,8 +173,9 @@ def audit_verify(
         if against is not None:
             try:
                 head = json.loads(against.read_text(encoding="utf-8"))
-                if head.get("format") != "effectflow-audit-head/1":
-                    raise ValueError("not an effectflow audit head")
+                shape = audit.head_shape(head)
+                if shape is not None:
+                    raise ValueError(shape)
             except (OSError, ValueError) as exc:
                 typer.echo(f"effectflow audit verify: --against {against}: {exc}", err=True)
                 raise typer.Exit(EXIT_USAGE) from None

@@ -499,6 +499,37 @@ def export_head(
     return body
 
 
+def head_shape(head: Any) -> str | None:
+    """What is wrong with the shape of a head file (None: nothing), before it is compared: a
+    malformed file is one ``verify`` could not read, not a tampered ledger."""
+    if not isinstance(head, dict) or head.get("format") != "effectflow-audit-head/1":
+        return "not an effectflow audit head (a JSON object with format effectflow-audit-head/1)"
+    fields: dict[str, dict[str, tuple[type, ...]]] = {
+        "runs": {
+            "run_id": (str,),
+            "audit_count": (int,),
+            "audit_head": (str,),
+            "seal_count": (int, type(None)),
+            "seal_head": (str, type(None)),
+        },
+        "shards": {"shard": (int,), "n": (int,), "head": (str,)},
+    }
+    for part, expected in fields.items():
+        entries = head.get(part, [])
+        if not isinstance(entries, list):
+            return f"{part} is not a list"
+        for i, entry in enumerate(entries):
+            if not isinstance(entry, dict):
+                return f"{part}[{i}] is not an object"
+            for name, kinds in expected.items():
+                value = entry.get(name)
+                if (part, name) == ("runs", "seal_count") and name not in entry:
+                    continue
+                if not isinstance(value, kinds) or isinstance(value, bool):
+                    return f"{part}[{i}].{name} is {value!r}, not a {kinds[0].__name__}"
+    return None
+
+
 def check_head(
     head: Mapping[str, Any],
     found: Mapping[str, Material],
@@ -873,12 +904,13 @@ def _replay_shard(
 
 
 def replay_shards(
-    store: Any, key: bytes | None, want: Mapping[int, int] | None = None
+    store: Any, key: bytes | None, want: Mapping[int, int] | None = None, only: int | None = None
 ) -> tuple[list[Problem], list[ShardChain]]:
     """Recompute every shard's chain from the seals in it (one sorted scan, in bounded memory)
     and compare it with the head the ledger records: a seal removed anywhere (a run deleted
     whole, a tail cut) breaks its shard's chain, and with a key nobody without it can mend the
-    chain. ``want``: per shard, a position whose recomputed head to keep (an exported head's)."""
+    chain. ``want``: per shard, a position whose recomputed head to keep (an exported head's);
+    ``only``: replay that shard alone (``verify --run``: the run's own shard)."""
     problems: list[Problem] = []
     chains: list[ShardChain] = []
     recorded = {
@@ -887,12 +919,13 @@ def replay_shards(
     }
     stream = store.audit_stream(
         "SELECT shard, shard_seq, run_id, n, hash FROM seals WHERE shard IS NOT NULL "
-        "ORDER BY shard, shard_seq",
-        (),
+        + ("" if only is None else "AND shard = ? ")
+        + "ORDER BY shard, shard_seq",
+        () if only is None else (only,),
     )
     groups = itertools.groupby(stream, _shard_key)
     pending = next(groups, None)
-    for shard in range(SHARDS):
+    for shard in range(SHARDS) if only is None else [only]:
         seals: Iterable[Mapping[str, Any]] = ()
         while pending is not None and pending[0] < shard:
             # seals of a shard that does not exist: counted as unchained
@@ -955,13 +988,28 @@ def _verify(store: Any, run_id: str | None, key: bytes | None) -> list[Problem]:
     sealed_since = _applied_at(store, 7)
     shards_since = _applied_at(store, 8)
     problems: list[Problem] = []
+    found = 0
     for _, material in audit_read.materials_batched(store, run_id):
+        found += 1
         problems.extend(
             verify_run(material, key, sealed_since=sealed_since, shards_since=shards_since)
         )
+    if run_id is not None:
+        if not found:
+            problems.append(
+                Problem(
+                    run_id,
+                    None,
+                    "the run is not in the ledger (deleted, or never written: check the id)",
+                )
+            )
+        if shards_since is not None:  # the run's own shard: a cut of its newest writes shows
+            problems.extend(replay_shards(store, key, only=shard_of(run_id))[0])
     if run_id is None:
         problems.extend(replay_shards(store, key)[0])
-        for table in ("audit", "seals", "steps", "effects"):
+        # Every row belongs to a run: one left of a run that is gone, or planted for a run that
+        # never was (a binding for a future operation id), is reported.
+        for table in ("audit", "seals", "steps", "effects", "attempts", "approvals", "operations"):
             orphans = store.audit_rows(
                 f"SELECT DISTINCT run_id FROM {table} "
                 "WHERE run_id NOT IN (SELECT run_id FROM runs) ORDER BY run_id",
@@ -970,5 +1018,18 @@ def _verify(store: Any, run_id: str | None, key: bytes | None) -> list[Problem]:
             problems.extend(
                 Problem(str(r["run_id"]), None, f"{table} rows of a run that does not exist")
                 for r in orphans
+            )
+        for r in store.audit_rows(
+            "SELECT DISTINCT decision_id, effect_id FROM decisions "
+            "WHERE effect_id NOT IN (SELECT effect_id FROM effects) ORDER BY decision_id",
+            (),
+        ):
+            problems.append(
+                Problem(
+                    "-",
+                    None,
+                    f"decision {r['decision_id']} is about effect "
+                    f"{r['effect_id']}, which does not exist",
+                )
             )
     return problems

@@ -70,7 +70,7 @@ def parse_url(url: str) -> tuple[str, dict[str, str]]:
 
 
 #: A shard's head moved, if it is still where this store left it.
-_MOVE_SHARD = "UPDATE audit_shards SET n = ?, head = ? WHERE shard = ? AND n = ?"
+_MOVE_SHARD = "UPDATE audit_shards SET n = ?, head = ? WHERE shard = ? AND n = ? AND head = ?"
 
 
 def _seconds(url: str, options: dict[str, str], name: str, default: float) -> float:
@@ -296,8 +296,9 @@ class SQLiteStore(SQLCore, SQLReads):
         """Append the transaction's seals, each chained into its shard (see ``audit``).
 
         The shards' heads come from this store's memory of its last commit, each confirmed by
-        its UPDATE (``... AND n = <remembered n>``): one statement a shard, not a read and a
-        write. A shard another process wrote since is read (the write lock is ours: it cannot
+        its UPDATE (``... AND n = <remembered n> AND head = <remembered head>``: the head too, as
+        a transaction rolled back after this may have left a memory of the right length and the
+        wrong head): one statement a shard, not a read and a write. A shard another process wrote since is read (the write lock is ours: it cannot
         move again) and chained anew."""
         if not seals:
             return
@@ -310,7 +311,7 @@ class SQLiteStore(SQLCore, SQLReads):
         stale = [
             shard
             for n, head, shard in moved
-            if conn.execute(_MOVE_SHARD, (n, head, shard, heads[shard][0])).rowcount != 1
+            if conn.execute(_MOVE_SHARD, (n, head, shard, *heads[shard])).rowcount != 1
         ]
         if stale:
             heads.update(self._read_shards(conn, stale))
