@@ -539,10 +539,7 @@ def test_a_purge_of_expired_bindings_still_verifies(backend: str, tmp_path: Path
         assert code == 0, out
 
 
-@pytest.mark.xfail(strict=True, reason="FINDING 5: a forged run inserted with created_at before "
-                   "the ledger began sealing, no seals and no events, with a 'committed' effect, "
-                   "verifies intact on a keyed ledger created at version 8: verify trusts the "
-                   "unsealed row's own created_at to excuse it")  # fmt: skip
+
 def test_a_back_dated_unsealed_run_is_caught(built: Ledger) -> None:
     """A run that claims to predate the seals, in a ledger that was sealed from its first run."""
     built.sql(

@@ -346,9 +346,9 @@ class Problem:
 def verify_run(
     m: Material, key: bytes | None, *, sealed_since: float | None, shards_since: float | None
 ) -> list[Problem]:
-    """Recompute a run's two chains and compare its rows with their last seals. ``sealed_since``
-    / ``shards_since``: when the ledger began writing seals (version 7) and chaining them in
-    shards (version 8), None if it has not."""
+    """Recompute a run's two chains and compare its rows with their last seals. ``sealed_since``:
+    when a ledger written before version 7 began writing seals (None: sealed from its first run);
+    ``shards_since``: when it began chaining them in shards (version 8)."""
     rid = m.run.run_id
     problems: list[Problem] = []
 
@@ -395,8 +395,15 @@ def verify_run(
             )
         )
     if not m.seals:
-        # (a second of slack: SQLite records when a migration ran in whole seconds)
-        if sealed_since is not None and m.run.created_at > sealed_since + 1:
+        # Excused only as a run of a ledger that was written before seals (version 7): the ledger
+        # was upgraded (``sealed_since`` is not None), the run says it is older (a second of
+        # slack: SQLite records when a migration ran in whole seconds), and it has the events
+        # every run has had since version 1. A run without seals in a ledger sealed from its
+        # first run, or without any event, is not one.
+        legacy = (
+            sealed_since is not None and m.run.created_at <= sealed_since + 1 and m.events != []
+        )
+        if not legacy:
             problems.append(Problem(rid, None, "the run has no seals (they were removed)"))
         return problems
     prev = seal_genesis(rid)
@@ -986,6 +993,9 @@ def _verify(store: Any, run_id: str | None, key: bytes | None) -> list[Problem]:
     from effectflow.ledger import audit_read  # it reads Materials: imports this module
 
     sealed_since = _applied_at(store, 7)
+    first = _applied_at(store, 1)
+    if sealed_since is not None and first is not None and first >= sealed_since - 1:
+        sealed_since = None  # created at version 7 or later: every run has seals
     shards_since = _applied_at(store, 8)
     problems: list[Problem] = []
     found = 0
