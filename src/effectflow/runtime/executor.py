@@ -27,6 +27,7 @@ from effectflow.ledger.records import ControlKind, NextAction, RunStatus, StepSt
 from effectflow.ledger.store import Batch
 from effectflow.runtime import changed_code, context, driver, leases, machine_io, outage, stopping
 from effectflow.runtime import state as state_mod
+from effectflow.runtime.control import Control
 from effectflow.runtime.port import Port
 
 
@@ -91,7 +92,7 @@ class Executor:
             self._leases.drop(state)
 
     def apply_control(
-        self, run: records.RunRecord, workflow: Workflow[..., Any], control: dict[str, Any]
+        self, run: records.RunRecord, workflow: Workflow[..., Any], control: Control
     ) -> records.RunRecord:
         """Apply a control request this process recorded with the run's lease, here and now."""
         state = self._prepare(run, workflow, claimed=True)
@@ -285,17 +286,17 @@ class Executor:
             return  # an operator's cancel or compensate came first: it decides how the run ends
         port = self._port
         now = port.clock()
-        control = {"kind": ControlKind.COMPENSATE, "reason": str(exc), "by": "workflow", "at": now}
+        control = Control(ControlKind.COMPENSATE, str(exc), "workflow", now)
         batch = state.batch()
         # Compare-and-swap like a person's request: an operator's cancel or compensate recorded
         # meanwhile wins, and this one is dropped rather than written over it.
-        batch.expect_run(control=state.control)
-        batch.run_changes.update(control=control)
+        batch.expect_run(control=None)
+        batch.run_changes.update(control=control.to_json())
         batch.event("goal_abandoned", now, reason=str(exc))
         try:
             port.writer.commit(state, batch)
         except errors.StaleState:
-            state.control = port.run(state.run.run_id).control
+            state.control = Control.of(port.run(state.run.run_id).control)
             return
         state.control = control
 

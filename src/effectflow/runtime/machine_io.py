@@ -13,6 +13,7 @@ from typing import Any
 
 from effectflow.contracts.tool import Tool
 from effectflow.ledger.store import Batch
+from effectflow.runtime.control import Control
 
 
 @dataclasses.dataclass
@@ -101,8 +102,8 @@ class Restart(BaseException):
 class Stop(BaseException):
     """Unwinds the workflow at a step boundary because an operator asked to cancel or compensate."""
 
-    def __init__(self, control: dict[str, Any]) -> None:
-        super().__init__(control.get("kind", "stop"))
+    def __init__(self, control: Control) -> None:
+        super().__init__(control.kind.value)
         self.control = control
 
 

@@ -20,6 +20,7 @@ from effectflow.ledger.records import ControlKind, NextAction, RunStatus, StepSt
 from effectflow.ledger.store import Batch, DecisionRecord
 from effectflow.policies import decision
 from effectflow.runtime import classify, late_answers, leases, machine_io
+from effectflow.runtime.control import Control
 from effectflow.runtime.port import Port
 from effectflow.runtime.step_call import StepCall
 
@@ -130,7 +131,8 @@ def resolve(
                 return replayed, False
         raise
     # A cancelled run waited only for this answer: the caller gives it its end state now.
-    return new_effect, run.control is not None and run.control.get("kind") == ControlKind.CANCEL
+    control = Control.of(run.control)
+    return new_effect, control is not None and control.kind is ControlKind.CANCEL
 
 
 def _decidable(

@@ -13,6 +13,7 @@ from typing import Any
 from effectflow.contracts.workflow import Workflow
 from effectflow.ledger import records
 from effectflow.ledger.store import Batch
+from effectflow.runtime.control import Control
 
 
 class RunState:
@@ -40,7 +41,7 @@ class RunState:
         self.pending = Batch(run.run_id, run.lease_token)
         self._attempts: dict[str, list[records.AttemptRecord]] = {}
         #: An operator's cancel/compensate request, learnt from the ledger with each write.
-        self.control: dict[str, Any] | None = run.control
+        self.control: Control | None = Control.of(run.control)
         #: Set by the heartbeat when another worker took the lease over: write nothing more.
         self.lease_lost = False
         #: Until when this process can prove it holds the lease (its last renewal + the TTL).

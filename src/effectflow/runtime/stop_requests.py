@@ -18,6 +18,7 @@ from effectflow.ledger.store import Batch
 from effectflow.runtime import cancel as cancel_mod
 from effectflow.runtime import inventory as inventory_mod
 from effectflow.runtime import leases
+from effectflow.runtime.control import Control
 from effectflow.runtime.executor import Executor
 from effectflow.runtime.port import Port
 
@@ -32,9 +33,10 @@ def cancel(
     """``Runtime.cancel`` (documented there)."""
     run = port.run(run_id)
     for _ in range(_CONTROL_RACES):
+        recorded = Control.of(run.control)
         cancelled = (
-            run.control is not None
-            and run.control.get("kind") == ControlKind.CANCEL
+            recorded is not None
+            and recorded.kind is ControlKind.CANCEL
             and run.status is not RunStatus.CANCELLED_PENDING_RECONCILIATION
         )
         # A cancel already recorded answers this one: a worker is applying it (it holds the
@@ -44,7 +46,7 @@ def cancel(
             and (leases.held_elsewhere(run, port.clock()) or run.status is not RunStatus.RUNNING)
         ):
             return inventory_mod.inventory(port, run)
-        control = {"kind": ControlKind.CANCEL, "reason": reason, "by": by, "at": port.clock()}
+        control = Control(ControlKind.CANCEL, reason, by, port.clock())
         held = leases.held_elsewhere(run, port.clock())
         workflow = None if held else port.registry.workflow(run.workflow)
         try:
@@ -69,12 +71,13 @@ def compensate(
         raise errors.ArgumentError("compensate needs a reason: the business condition")
     run = port.run(run_id)
     for _ in range(_CONTROL_RACES):
-        compensating = run.control is not None and run.control.get("kind") == ControlKind.COMPENSATE
+        recorded = Control.of(run.control)
+        compensating = recorded is not None and recorded.kind is ControlKind.COMPENSATE
         if run.status is RunStatus.COMPENSATED or (
             compensating and leases.held_elsewhere(run, port.clock())
         ):
             return run  # done, or a worker is applying the compensate already recorded
-        control = {"kind": ControlKind.COMPENSATE, "reason": reason, "by": by, "at": port.clock()}
+        control = Control(ControlKind.COMPENSATE, reason, by, port.clock())
         held = leases.held_elsewhere(run, port.clock())
         workflow = None if held else port.registry.workflow(run.workflow)
         try:
@@ -93,7 +96,7 @@ def compensate(
 def _record(
     port: Port,
     run: records.RunRecord,
-    control: dict[str, Any],
+    control: Control,
     status: RunStatus | None,
     *,
     take: bool,
@@ -115,7 +118,7 @@ def _record(
         lease_token=run.lease_token,
         lease_owner=(run.lease_owner,),
     )
-    changes: dict[str, Any] = {"control": control}
+    changes: dict[str, Any] = {"control": control.to_json()}
     if status is not None:
         changes["status"] = status
     if take:
@@ -126,15 +129,13 @@ def _record(
             lease_expires_at=now + port.lease_ttl,
         )
     batch.run_changes.update(changes)
-    batch.event(
-        f"{control['kind']}_requested", now, actor=control["by"], reason=control.get("reason")
-    )
+    batch.event(f"{control.kind.value}_requested", now, actor=control.by, reason=control.reason)
     port.store.apply(batch, lease_ttl=port.lease_ttl, now=now)
     return dataclasses.replace(run, **changes, updated_at=now)
 
 
 def _raced(
-    port: Port, seen: records.RunRecord, refused: errors.StaleState, control: dict[str, Any]
+    port: Port, seen: records.RunRecord, refused: errors.StaleState, control: Control
 ) -> tuple[records.RunRecord, bool]:
     """After the store refused a control request: the run as it is now, and whether a request
     of the same kind was recorded meanwhile (it answers this one). When only the run's lease or
@@ -146,20 +147,20 @@ def _raced(
     fresh = port.run(seen.run_id)
     if fresh.control == seen.control:
         return fresh, False
-    won = fresh.control or {}
-    if won.get("kind") == control["kind"]:
+    won = Control.of(fresh.control)
+    if won is not None and won.kind is control.kind:
         return fresh, True
     raise errors.StaleState(
-        f"run {seen.run_id}: a {won.get('kind')} request by {won.get('by')} was recorded while "
-        f"this {control['kind']} was being decided; nothing was recorded. Look at the run as "
-        "it is now and decide again",
+        f"run {seen.run_id}: a {won.kind.value if won else None} request by "
+        f"{won.by if won else None} was recorded while this {control.kind.value} was being "
+        "decided; nothing was recorded. Look at the run as it is now and decide again",
         run_id=seen.run_id,
     ) from refused
 
 
-def _kept_moving(run_id: str, kind: str) -> errors.StaleState:
+def _kept_moving(run_id: str, kind: ControlKind) -> errors.StaleState:
     return errors.StaleState(
-        f"run {run_id} changed each time the {kind} was about to be recorded; nothing was "
+        f"run {run_id} changed each time the {kind.value} was about to be recorded; nothing was "
         "recorded: try again",
         run_id=run_id,
     )

@@ -35,7 +35,7 @@ def finish(port: Port, state: state_mod.RunState) -> records.RunRecord:
     """
     control = state.control
     assert control is not None
-    kind = ControlKind(control.get("kind", ControlKind.CANCEL))
+    kind = control.kind
     if kind is ControlKind.CANCEL:
         cancel.stop_unstarted(port, state)
         cancel.stop_in_progress(port, state)

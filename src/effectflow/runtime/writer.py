@@ -16,6 +16,7 @@ from effectflow.ledger.store import Batch, LedgerStore
 from effectflow.runtime import group_commit as group_commit_mod
 from effectflow.runtime import outage
 from effectflow.runtime import state as state_mod
+from effectflow.runtime.control import Control
 
 
 class LedgerWriter:
@@ -136,7 +137,7 @@ class LedgerWriter:
             work, fenced, lease_ttl=self._lease_ttl, now=self._clock()
         )
         if control is not None:
-            state.control = control
+            state.control = Control.of(control)
         return value
 
     def _fence(self, state: state_mod.RunState, batch: Batch) -> float:
@@ -154,4 +155,4 @@ class LedgerWriter:
     ) -> None:
         state.lease_valid_until = renewed + self._lease_ttl  # the fenced write renewed it
         if control is not None:
-            state.control = control
+            state.control = Control.of(control)
