@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from effectflow.ledger import records
-from effectflow.ledger.records import RunStatus, StepStatus
+from effectflow.ledger.records import CompensationStatus, RunStatus, StepStatus
 
 #: Run statuses in which a worker executes the run, holding its lease.
 EXECUTING = frozenset({RunStatus.RUNNING, RunStatus.CANCELLING})
@@ -192,7 +192,7 @@ def attention(
     for effect in effects:
         if effect.status in records.IN_DOUBT_STATUSES:
             items.append(_doubt(effect, owners.get(effect.run_id)))
-        elif effect.compensation_status == "compensation_failed":
+        elif effect.compensation_status == CompensationStatus.COMPENSATION_FAILED:
             items.append(
                 AttentionItem(
                     kind="compensation_failed",
