@@ -516,9 +516,7 @@ def test_verify_of_an_untouched_run_beside_a_tampered_shard_is_intact(built: Led
 # -- rows no seal covers ------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason="FINDING 4: an operations row (an idempotency binding) "
-                   "deleted long before its key_expires_at verifies intact: every sealed "
-                   "'operations:' row that is gone counts as purged, whatever its retention")  # fmt: skip
+
 def test_a_live_binding_deleted_is_caught(built: Ledger) -> None:
     """Deleting a binding within its retention removes the guard against a second request under
     that operation id: verify must call it deleted."""

@@ -766,6 +766,66 @@ def index_row(used: Iterable[int], key: bytes | None) -> tuple[int, str, int]:
     return len(found), index_head(found, key), INDEX
 
 
+def tombstones(
+    purged: Iterable[tuple[str, str, str, float]], now: float, key: bytes | None
+) -> list[tuple[Any, ...]]:
+    """The ``purged_keys`` rows recording bindings ``(tenant, logical_operation_id, run_id,
+    key_expires_at)`` purged at ``now``, each hashed (keyed) so none can be forged."""
+    return [(*p, now, purge_hash(*p, now, key=key)) for p in purged]
+
+
+def purge_hash(
+    tenant: str,
+    logical_operation_id: str,
+    run_id: str,
+    key_expires_at: float,
+    purged_at: float,
+    *,
+    key: bytes | None,
+) -> str:
+    """The hash of one purge record."""
+    body = digests.canonical_json(
+        ["purged", tenant, logical_operation_id, run_id, float(key_expires_at), float(purged_at)]
+    )
+    return _hash(key, body)
+
+
+#: The statement that records a purged binding.
+INSERT_TOMBSTONE = (
+    "INSERT INTO purged_keys (tenant, logical_operation_id, run_id, key_expires_at, purged_at, "
+    "hash) VALUES (?, ?, ?, ?, ?, ?)"
+)
+
+
+def purged_operations(store: Any, key: bytes | None) -> tuple[set[tuple[str, str]], list[Problem]]:
+    """The ``(run_id, operations:<id>)`` names a purge record excuses, and the records that do not
+    verify (edited or forged, written without the key, or purged before their key expired)."""
+    excused: set[tuple[str, str]] = set()
+    problems: list[Problem] = []
+    for r in store.audit_rows("SELECT * FROM purged_keys", ()):
+        fields = (r["tenant"], r["logical_operation_id"], r["run_id"], r["key_expires_at"])
+        stored = str(r["hash"])
+        keyed = stored.startswith(KEYED)
+        if keyed and key is None:
+            ok = True  # verifiable with the key only (said once, by the caller)
+        elif key is not None and not keyed:
+            ok = False
+        else:
+            ok = stored == purge_hash(*fields, r["purged_at"], key=key)
+        if not ok or float(r["key_expires_at"]) > float(r["purged_at"]):
+            problems.append(
+                Problem(
+                    str(r["run_id"]),
+                    None,
+                    f"the purge record of operations:{r['logical_operation_id']} does not verify "
+                    "(forged, edited, or purged before its key expired)",
+                )
+            )
+        else:
+            excused.add((str(r["run_id"]), f"operations:{r['logical_operation_id']}"))
+    return excused, problems
+
+
 #: The statement that appends a seal (``?`` placeholders; PostgreSQL swaps in ``%s``).
 INSERT_SEAL = (
     "INSERT INTO seals (run_id, n, rows_json, audit_head, audit_count, at, prev_hash, hash, "
@@ -998,9 +1058,17 @@ def _verify(store: Any, run_id: str | None, key: bytes | None) -> list[Problem]:
         sealed_since = None  # created at version 7 or later: every run has seals
     shards_since = _applied_at(store, 8)
     problems: list[Problem] = []
+    # A sealed binding that is gone is excused only by a purge record (version 8); before, any.
+    purged, unverified = purged_operations(store, key) if shards_since is not None else (None, [])
+    problems.extend(unverified)
     found = 0
     for _, material in audit_read.materials_batched(store, run_id):
         found += 1
+        if purged is not None:
+            rid = material.run.run_id
+            material = dataclasses.replace(
+                material, purgeable={n for n in material.purgeable if (rid, n) in purged}
+            )
         problems.extend(
             verify_run(material, key, sealed_since=sealed_since, shards_since=shards_since)
         )

@@ -589,15 +589,21 @@ class PostgresStore(SQLCore, SQLReads):
         )
 
     def purge_expired_keys(self, *, now: float) -> int:
-        """Drop bindings past retention whose step is settled."""
-        with self._pool.connection() as conn:
-            cur = conn.execute(
+        """Drop bindings past retention whose step is settled, each leaving a hashed purge record
+        (``purged_keys``) that ``verify`` accepts as why a sealed binding is gone."""
+        with self._transaction() as conn:
+            purged = conn.execute(
                 "DELETE FROM operations WHERE key_expires_at < %s AND NOT EXISTS ("
                 "SELECT 1 FROM steps s WHERE s.run_id = operations.run_id "
-                "AND s.step_id = operations.step_id AND s.status = ANY(%s::text[]))",
+                "AND s.step_id = operations.step_id AND s.status = ANY(%s::text[])) "
+                "RETURNING tenant, logical_operation_id, run_id, key_expires_at",
                 (now, _UNSETTLED),
-            )
-            return cur.rowcount
+            ).fetchall()
+            records_ = audit_chain.tombstones([tuple(r) for r in purged], now, self.audit_key)
+            if records_:
+                with conn.cursor() as cur:
+                    cur.executemany(_pg(audit_chain.INSERT_TOMBSTONE), records_)
+            return len(purged)
 
     # -- reads (the rest are ``sql_core.SQLReads``) ----------------------------------------------
 

@@ -298,8 +298,8 @@ class SQLiteStore(SQLCore, SQLReads):
         The shards' heads come from this store's memory of its last commit, each confirmed by
         its UPDATE (``... AND n = <remembered n> AND head = <remembered head>``: the head too, as
         a transaction rolled back after this may have left a memory of the right length and the
-        wrong head): one statement a shard, not a read and a write. A shard another process wrote since is read (the write lock is ours: it cannot
-        move again) and chained anew."""
+        wrong head): one statement a shard, not a read and a write. A shard another process wrote
+        since is read (the write lock is ours: it cannot move again) and chained anew."""
         if not seals:
             return
         shards = audit_chain.shards_of(seals)
@@ -424,16 +424,21 @@ class SQLiteStore(SQLCore, SQLReads):
             )
 
     def purge_expired_keys(self, *, now: float) -> int:
-        """Drop bindings past retention whose step is settled."""
+        """Drop bindings past retention whose step is settled, each leaving a hashed purge record
+        (``purged_keys``) that ``verify`` accepts as why a sealed binding is gone."""
         placeholders = ", ".join("?" for _ in _UNSETTLED)
         with self._write() as conn:
-            cur = conn.execute(
+            purged = conn.execute(
                 "DELETE FROM operations WHERE key_expires_at < ? AND NOT EXISTS ("
                 "SELECT 1 FROM steps s WHERE s.run_id = operations.run_id "
-                f"AND s.step_id = operations.step_id AND s.status IN ({placeholders}))",
+                f"AND s.step_id = operations.step_id AND s.status IN ({placeholders})) "
+                "RETURNING tenant, logical_operation_id, run_id, key_expires_at",
                 (now, *_UNSETTLED),
-            )
-            return cur.rowcount
+            ).fetchall()
+            records_ = audit_chain.tombstones([tuple(r) for r in purged], now, self.audit_key)
+            if records_:
+                conn.executemany(audit_chain.INSERT_TOMBSTONE, records_)
+            return len(purged)
 
     # -- reads (the rest are ``sql_core.SQLReads``) ----------------------------------------------
 

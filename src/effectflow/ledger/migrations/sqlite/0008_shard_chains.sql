@@ -49,3 +49,16 @@ INSERT INTO audit_shards (shard, n, head) VALUES (64, 0, 'effectflow-shard-index
 -- operation bindings by run, a person's decisions by effect (rare writes both).
 CREATE INDEX operations_by_run ON operations (run_id);
 CREATE INDEX decisions_by_effect ON decisions (effect_id);
+
+-- A binding purged past its retention (`purge_expired_keys`) leaves a record, hashed (keyed)
+-- like the chains: `verify` excuses a sealed binding that is gone only when such a record says
+-- it was purged after its key expired, so a live binding deleted by hand is caught.
+CREATE TABLE purged_keys (
+    tenant               TEXT NOT NULL,
+    logical_operation_id TEXT NOT NULL,
+    run_id               TEXT NOT NULL,
+    key_expires_at       REAL NOT NULL,
+    purged_at            REAL NOT NULL,
+    hash                 TEXT NOT NULL
+);
+CREATE INDEX purged_keys_by_run ON purged_keys (run_id);
