@@ -1,7 +1,9 @@
 """Adversarial probes of the ledger's tamper evidence (seals, shard chains, the index row, exported
 heads), on real ledgers of both backends, driven through `effectflow audit verify` as a person
-would. Each attempt is a test: what held asserts the claim (a regression test), what broke asserts
-the right behaviour and is a strict xfail named ``FINDING n``.
+would. Each attempt is a test asserting the claim. Seven broke when first run (a malformed head
+file, `verify --run` of a cut or deleted run, a live binding deleted, a back-dated unsealed run,
+orphan bindings, SQLite's remembered shard head after a rollback); each was fixed, and its test
+now guards it.
 """
 
 from __future__ import annotations
@@ -487,13 +489,11 @@ def test_a_cut_run_is_caught_by_a_whole_verify(built: Ledger) -> None:
     _tampered(built, f"shard {audit.shard_of('victim')}:")
 
 
-
 def test_verify_of_one_cut_run_is_not_intact(built: Ledger) -> None:
     """Verifying the very run that was cut must not call it intact."""
     _cut_newest_write(built, "victim")
     code, out = _verify(built.url, "--run", "victim")
     assert code == 4, out
-
 
 
 def test_verify_of_a_deleted_run_is_not_intact(built: Ledger) -> None:
@@ -516,13 +516,29 @@ def test_verify_of_an_untouched_run_beside_a_tampered_shard_is_intact(built: Led
 # -- rows no seal covers ------------------------------------------------------------------------
 
 
-
 def test_a_live_binding_deleted_is_caught(built: Ledger) -> None:
     """Deleting a binding within its retention removes the guard against a second request under
     that operation id: verify must call it deleted."""
     [(expires,)] = built.sql("SELECT min(key_expires_at) FROM operations WHERE run_id = 'victim'")
     assert expires > time.time() + 3600  # far from purgeable
     built.sql("DELETE FROM operations WHERE run_id = 'victim'")
+    _tampered(built, "run victim")
+
+
+def test_a_live_binding_deleted_with_a_forged_purge_record_is_caught(built: Ledger) -> None:
+    """The record a purge leaves is hashed with the key: one written by hand does not excuse the
+    deletion (and is itself reported)."""
+    rows = built.sql(
+        "SELECT tenant, logical_operation_id, run_id FROM operations WHERE run_id = 'victim'"
+    )
+    built.sql("DELETE FROM operations WHERE run_id = 'victim'")
+    for tenant, op, run in rows:
+        digest = audit.purge_hash(tenant, op, run, 1.0, 2.0, key=None)  # the public hash
+        built.sql(
+            "INSERT INTO purged_keys (tenant, logical_operation_id, run_id, key_expires_at, "
+            "purged_at, hash) VALUES (?, ?, ?, 1.0, 2.0, ?)",
+            (tenant, op, run, digest),
+        )
     _tampered(built, "run victim")
 
 
@@ -535,7 +551,6 @@ def test_a_purge_of_expired_bindings_still_verifies(backend: str, tmp_path: Path
         assert Ledger(url).sql("SELECT count(*) FROM operations")[0][0] == 0
         code, out = _verify(url)
         assert code == 0, out
-
 
 
 def test_a_back_dated_unsealed_run_is_caught(built: Ledger) -> None:
@@ -558,7 +573,6 @@ def test_a_back_dated_unsealed_run_is_caught(built: Ledger) -> None:
     built.sql(f"INSERT INTO effects ({', '.join(cols)}) SELECT {values} FROM effects "
               "WHERE run_id = 'keep' LIMIT 1")  # fmt: skip
     _tampered(built, "run forged")
-
 
 
 def test_a_binding_of_a_run_that_does_not_exist_is_caught(built: Ledger) -> None:
