@@ -273,6 +273,19 @@ def test_an_untouched_ledger_verifies(original: str, keyed: bool) -> None:
     assert ("only accidental damage is detectable" in out) is not keyed
 
 
+@pytest.mark.parametrize("keyed", ["keyed"], indirect=True)
+def test_a_keyed_ledger_verified_without_its_key_says_the_keyed_hashes_went_unchecked(
+    original: str, keyed: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert keyed
+    monkeypatch.delenv(audit.KEY_ENV)
+    code, out = _verify(original)
+    assert code == 0, out
+    assert "this ledger is keyed" in out
+    assert "no proof" in out
+    assert "plain sha256" not in out
+
+
 @pytest.mark.parametrize("name", sorted(TAMPERINGS))
 def test_a_tampering_is_reported_with_its_own_exit_code(
     original: str, keyed: bool, tmp_path: Path, name: str

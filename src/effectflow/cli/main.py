@@ -144,6 +144,12 @@ _UNKEYED = (
 )
 
 
+_KEYED_NO_KEY = (
+    "this ledger is keyed (its hashes are hmac-sha256) and no audit key was given: the keyed "
+    "hashes were not checked, so this is no proof. Set {env} (or {env}_FILE) to the ledger's key"
+)
+
+
 @audit_app.command("verify")
 def audit_verify(
     db: DbOption = "sqlite:///effectflow.db",
@@ -170,6 +176,9 @@ def audit_verify(
     try:
         key = store.audit_key
         problems = [audit.Problem(p.run_id, p.seq, p.message) for p in store.verify_audit(run_id)]
+        keyed_ledger = key is None and bool(
+            store.audit_rows("SELECT 1 FROM seals WHERE hash LIKE ? LIMIT 1", (audit.KEYED + "%",))
+        )
         if against is not None:
             try:
                 head = json.loads(against.read_text(encoding="utf-8"))
@@ -187,6 +196,8 @@ def audit_verify(
     finally:
         store.close()
     note = None if key is not None else _UNKEYED.format(env=audit.KEY_ENV)
+    if keyed_ledger:
+        note = _KEYED_NO_KEY.format(env=audit.KEY_ENV)
     if as_json:
         body = {
             "ok": not problems,
