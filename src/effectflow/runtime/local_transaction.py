@@ -1,5 +1,14 @@
-"""``local_transaction`` steps: the tool's writes and the step checkpoint commit in one ledger
-transaction, or roll back together — there is no unknown window in the ledger."""
+"""``local_transaction`` steps: intent, call and outcome are one ACID transaction.
+
+There is no unknown window in the ledger: either the tool's writes and the confirmed step commit
+together, or neither does (real rollback) and the step is recorded as not committed. A COMMIT whose
+answer is lost is in doubt only in this process: it is settled from the step's checkpoint
+(``_settle_commit``) and never recorded as rolled back unless the checkpoint proves it. If it cannot
+be settled, nothing is recorded and ``CommitInDoubt`` leaves the run for recovery, where the step's
+row is read after the run is claimed (on PostgreSQL the claim waits out the run's row lock, held by
+an unfinished checkpoint): the row is the checkpoint, so the step is confirmed, or absent and run
+again.
+"""
 
 from __future__ import annotations
 
@@ -23,17 +32,7 @@ _SETTLE_PAUSES = (0.2, 1.0)
 
 
 def run(call: StepCall, existing: records.StepRecord | None) -> machine_io.Machine:
-    """A ``local_transaction`` tool: intent, call and outcome are one ACID transaction.
-
-    There is no unknown window in the ledger: either the tool's writes and the confirmed step
-    commit together, or neither does (real rollback) and the step is recorded as not committed.
-    A COMMIT whose answer is lost is in doubt only in this process: it is settled from the
-    step's checkpoint (``_settle_commit``) and never recorded as rolled back unless the
-    checkpoint proves it. If it cannot be settled, nothing is recorded and ``CommitInDoubt``
-    leaves the run for recovery, where the step's row is read after the run is claimed (on
-    PostgreSQL the claim waits out the run's row lock, held by an unfinished checkpoint): the
-    row is the checkpoint, so the step is confirmed, or absent and run again.
-    """
+    """A ``local_transaction`` tool's step, tried within its retry budget (see the module)."""
     st = call.state
     policy = call.contract.retry
     if existing is not None and existing.status is not StepStatus.NOT_COMMITTED:
