@@ -353,14 +353,15 @@ def test_a_wrong_key_is_reported_as_tampering(
 def test_a_keyed_ledger_verified_without_the_key_says_so(
     built: Ledger, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Without the key, a keyed ledger's hashes cannot be checked: exit 0 with the unkeyed note
-    (a tampering with the keyed hashes goes unseen: they are skipped)."""
+    """Without the key, a keyed ledger's hashes cannot be checked: exit 0, saying that the keyed
+    hashes went unchecked and this is no proof (a tampering with them goes unseen)."""
     monkeypatch.delenv(audit.KEY_ENV)
     built.unprotect()
     built.sql("UPDATE seals SET at = 1.0 WHERE run_id = 'victim' AND n = 1")
     code, out = _verify(built.url)
     assert code == 0, out
-    assert "only accidental damage is detectable" in out
+    assert "this ledger is keyed" in out
+    assert "no proof" in out
 
 
 def test_a_ledger_keyed_part_way_says_what_was_written_without_the_key(
