@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sqlite3
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 from urllib.parse import urlparse, urlunparse
 
 import psycopg
@@ -77,3 +78,33 @@ def fresh(backend: str, folder: Path, prefix: str = "ef_it") -> Iterator[str]:
         return
     with pg_database(prefix) as url:
         yield url
+
+
+class Raw:
+    """SQL on one ledger around the store, whatever its backend: the view of someone with write
+    access to the database and no audit key (``?`` placeholders on both)."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.pg = not url.startswith("sqlite")
+
+    def sql(self, statement: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+        """Run one statement in a transaction of its own; its rows."""
+        if not self.pg:
+            conn = sqlite3.connect(self.url.removeprefix("sqlite:///").split("?")[0])
+            try:
+                rows = conn.execute(statement, params).fetchall()
+                conn.commit()
+                return rows
+            finally:
+                conn.close()
+        with psycopg.connect(self.url, autocommit=True) as pg:
+            cur = pg.execute(statement.replace("?", "%s"), params)
+            return cur.fetchall() if cur.description else []
+
+    def unprotect(self) -> None:
+        """What an attacker does first: the append-only triggers of audit and seals go."""
+        for table in ("audit", "seals"):
+            for what in ("update", "delete"):
+                on = f" ON {table}" if self.pg else ""
+                self.sql(f"DROP TRIGGER IF EXISTS {table}_no_{what}{on}")

@@ -7,7 +7,6 @@ from __future__ import annotations
 import contextlib
 import json
 import shutil
-import sqlite3
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -50,31 +49,8 @@ def doubt(ctx: ef.Context) -> Any:
     return ctx.call("lost", lost)
 
 
-class Ledger:
-    """SQL on one copy of the ledger, whatever its backend."""
-
-    def __init__(self, url: str) -> None:
-        self.url = url
-
-    def sql(self, statement: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
-        if self.url.startswith("sqlite"):
-            conn = sqlite3.connect(self.url.removeprefix("sqlite:///"))
-            try:
-                rows = conn.execute(statement, params).fetchall()
-                conn.commit()
-                return rows
-            finally:
-                conn.close()
-        with psycopg.connect(self.url, autocommit=True) as pg:
-            cur = pg.execute(statement.replace("?", "%s"), params)
-            return cur.fetchall() if cur.description else []
-
-    def unprotect(self) -> None:
-        """What an attacker with write access does first: the append-only triggers go."""
-        for table in ("audit", "seals"):
-            for what in ("update", "delete"):
-                self.sql(f"DROP TRIGGER IF EXISTS {table}_no_{what}" + (
-                    "" if self.url.startswith("sqlite") else f" ON {table}"))  # fmt: skip
+#: SQL on a ledger around the store, as an attacker with write access reaches it.
+Ledger = ledgers.Raw
 
 
 def _build(url: str) -> None:

@@ -13,7 +13,6 @@ import hashlib
 import json
 import os
 import signal
-import sqlite3
 import subprocess
 import sys
 import textwrap
@@ -23,7 +22,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import psycopg
 import pytest
 from typer.testing import CliRunner
 
@@ -66,32 +64,8 @@ def odd_case(ctx: ef.Context, size: int) -> Any:
     return ctx.call("odd", odd, size=size)
 
 
-class Ledger:
+class Ledger(ledgers.Raw):
     """SQL on one ledger, whatever its backend (the attacker's view: no key, full write access)."""
-
-    def __init__(self, url: str) -> None:
-        self.url = url
-        self.pg = not url.startswith("sqlite")
-
-    def sql(self, statement: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
-        if not self.pg:
-            conn = sqlite3.connect(self.url.removeprefix("sqlite:///").split("?")[0])
-            try:
-                rows = conn.execute(statement, params).fetchall()
-                conn.commit()
-                return rows
-            finally:
-                conn.close()
-        with psycopg.connect(self.url, autocommit=True) as pg:
-            cur = pg.execute(statement.replace("?", "%s"), params)
-            return cur.fetchall() if cur.description else []
-
-    def unprotect(self) -> None:
-        """The append-only triggers go first."""
-        for table in ("audit", "seals"):
-            for what in ("update", "delete"):
-                self.sql(f"DROP TRIGGER IF EXISTS {table}_no_{what}" + (
-                    f" ON {table}" if self.pg else ""))  # fmt: skip
 
     def seal(self, run_id: str, n: int | None = None) -> dict[str, Any]:
         """One seal row of a run (its last by default), as a dict."""
