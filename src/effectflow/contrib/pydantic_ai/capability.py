@@ -1,0 +1,374 @@
+"""Every tool call of an ``ef.tool`` through ``rt.guard``, inside a Pydantic AI agent.
+
+``Effectflow`` is a capability that contributes one function toolset (id ``effectflow``) made
+from the ``ef.tool``s: each tool's name, description and JSON schema come from its contract and
+signature (without the parameters the runtime injects, such as the idempotency key), and its
+function is the guarded call:
+
+- scope = ``pydantic_ai:`` + the run's ``conversation_id`` (the same across the runs of one
+  conversation, and under a durable engine derived from its workflow id, so a recovered run has
+  it again; ``scope_of``), call id = the model's ``tool_call_id``; so a replayed run asks the
+  ledger, not the provider;
+- ``known_call_ids`` = the earlier calls whose *result* the conversation shows
+  (``conversation_call_ids``): a repeat of one is the model asking again knowingly, a new request;
+  a call whose turn was lost is regenerated and deduplicated (docs/concepts.md#regenerated-calls);
+- the result goes back as a dict (``status``, ``happened``, ``result``), and a call the ledger
+  answered for an earlier id says it was already done; an outcome nobody knows yet is phrased for
+  the model (it may have happened, do not repeat it);
+- "needs a person" (an approval, an effect that may have happened) raises Pydantic AI's
+  ``ApprovalRequired`` with a payload (``decisions.payload``): the run ends with
+  ``DeferredToolRequests``, and the next run resumed with the person's decision
+  (``decisions.answer``) records it in the ledger and asks the guard again.
+
+The guarded call lives in the tool function, not in a ``wrap_tool_execute`` hook or a wrapper
+around the toolset, because a durable engine runs a *function tool* in its durable unit (a Temporal
+activity, a Prefect task) but runs capability hooks and outer toolsets in its workflow code, where
+I/O is not allowed or is re-run on replay without the host's ids. docs/integrations/pydantic_ai.md
+has the whole argument.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import inspect
+import json
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import jsonschema
+from pydantic_ai import FunctionToolset, RunContext
+from pydantic_ai import Tool as PydanticTool
+from pydantic_ai.capabilities import AbstractCapability
+from pydantic_ai.exceptions import ApprovalRequired, ModelRetry
+from pydantic_ai.messages import ModelMessage, ModelRequest, ModelResponse, ToolReturnPart
+
+from effectflow import errors
+from effectflow.contracts.tool import EffectClass, Tool
+from effectflow.contrib.agents import schemas
+from effectflow.contrib.pydantic_ai import decisions
+from effectflow.ledger.records import RunStatus, StepStatus
+from effectflow.runtime import guard as guard_mod
+
+if TYPE_CHECKING:
+    from pydantic_ai.models import ModelRequestContext
+
+    from effectflow.runtime.guard import Guarded
+    from effectflow.runtime.runtime import Runtime
+
+#: The id of the toolset the capability contributes (durable engines name their units by it).
+TOOLSET_ID = "effectflow"
+#: What the model is told about a call the ledger answered for an earlier tool-call id.
+ALREADY_DONE = (
+    "this was already done earlier in this conversation (the same tool with the same "
+    "arguments); it was not done again; this is its result"
+)
+#: What the model is told about a call a person declined.
+DECLINED = "a person declined this call; it was not done; do not repeat it"
+#: What the model is told about a call whose run an operator cancelled before it was made.
+CANCELLED = "this call was cancelled by an operator; it was not done; do not repeat it"
+#: Who the ledger records as having declined a call answered with a plain ``ToolDenied``.
+TOOL_DENIED_BY = "pydantic_ai.ToolDenied"
+
+
+def scope_of(ctx: RunContext[Any]) -> str:
+    """The guarded call's scope: the run's conversation.
+
+    A run resumed with deferred tool results is a new run (a new ``run_id``) of the same
+    conversation, and a durable engine derives the conversation id from its workflow id, so a
+    recovered run has the same one; the run id is the fallback when there is none.
+
+    Raises:
+        errors.ArgumentError: the run has neither (a bare ``RunContext``, not an agent run).
+    """
+    identity = ctx.conversation_id or ctx.run_id
+    if not identity:
+        raise errors.ArgumentError(
+            "effectflow needs the agent run's durable identity (its conversation_id or run_id); "
+            "call the tool through Agent.run"
+        )
+    return f"pydantic_ai:{identity}"
+
+
+def conversation_call_ids(messages: Sequence[ModelMessage], current: str) -> frozenset[str]:
+    """The tool-call ids of the earlier calls whose *result* the conversation shows: a repeat of
+    one of them is the model asking again knowingly, a new request. A call the model was told may
+    have happened (or waits for a person), and one whose turn was lost, are not among them: a
+    repeat of those is the same call, never made twice."""
+    returned = {
+        part.tool_call_id: part
+        for message in messages
+        if isinstance(message, ModelRequest)
+        for part in message.parts
+        if isinstance(part, ToolReturnPart)
+    }
+    return frozenset(
+        call.tool_call_id
+        for message in messages
+        if isinstance(message, ModelResponse)
+        for call in message.tool_calls
+        if call.tool_call_id != current and _shows_result(returned.get(call.tool_call_id))
+    )
+
+
+def _shows_result(part: ToolReturnPart | None) -> bool:
+    """Whether a tool's return shows the call's result (effectflow's dict says whether it
+    happened; another tool's successful return is its result)."""
+    if part is None or part.outcome != "success":
+        return False
+    content = part.content
+    if isinstance(content, str):
+        try:
+            content = json.loads(content)
+        except ValueError:
+            return True
+    if isinstance(content, Mapping) and "happened" in content:
+        return content["happened"] is True
+    return True
+
+
+class Effectflow(AbstractCapability[Any]):
+    """Routes every call of the given ``ef.tool``s through ``rt.guard``.
+
+    Args:
+        rt: The runtime whose ledger records the calls.
+        tools: The ``ef.tool``s the agent offers; the capability contributes them as a toolset
+            (no need to list them in ``Agent(tools=...)`` too).
+        defer: When a person must decide, defer the call with ``ApprovalRequired`` (the
+            default; give the agent ``output_type=[..., DeferredToolRequests]``); False tells
+            the model it is being checked, or waits for approval, and the run goes on.
+        scope: How the scope comes from the run's context (``scope_of`` by default).
+    """
+
+    def __init__(
+        self,
+        rt: Runtime,
+        *,
+        tools: Iterable[Tool[..., Any]],
+        defer: bool = True,
+        scope: Callable[[RunContext[Any]], str] = scope_of,
+    ) -> None:
+        self.rt = rt
+        self.tools = tuple(tools)
+        for tool in self.tools:
+            if not isinstance(tool, Tool):
+                raise errors.ContractError(
+                    f"Effectflow: {tool!r} is not a tool; decorate it with @ef.tool(...) so its "
+                    "side-effect contract is known"
+                )
+        self.defer = defer
+        self.scope = scope
+        self._by_name = {tool.name: tool for tool in self.tools}
+        self._toolset = FunctionToolset[Any](
+            [self._pydantic_tool(tool) for tool in self.tools], id=TOOLSET_ID
+        )
+
+    @classmethod
+    def get_serialization_name(cls) -> str | None:
+        """Not in agent specs: it holds a runtime."""
+        return None
+
+    def get_toolset(self) -> FunctionToolset[Any]:
+        """The ``ef.tool``s as Pydantic AI function tools whose functions make the guarded call."""
+        return self._toolset
+
+    async def before_model_request(
+        self, ctx: RunContext[Any], request_context: ModelRequestContext
+    ) -> ModelRequestContext:
+        """Record a plain ``ToolDenied`` of an effectflow approval as the person's decline.
+
+        Pydantic AI answers a denied call itself, without calling the tool: without this, the
+        ledger would keep the call waiting for an approval nobody will give. ``decisions.answer``
+        (``approved: False``) is the way to say who declined; this records ``TOOL_DENIED_BY``.
+        """
+        denied = [
+            part
+            for message in ctx.messages
+            if isinstance(message, ModelRequest)
+            for part in message.parts
+            if isinstance(part, ToolReturnPart)
+            and part.outcome == "denied"
+            and part.tool_name in self._by_name
+        ]
+        for part in denied:
+            scope = self.scope(ctx)
+            run_id = guard_mod.run_id_of(self.rt.tenant, scope, part.tool_call_id)
+            await asyncio.to_thread(self._record_denial, run_id, str(part.content))
+        return request_context
+
+    def _record_denial(self, run_id: str, reason: str) -> None:
+        run = self.rt.store.get_run(run_id, tenant=self.rt.tenant)
+        if run is None or run.status is not RunStatus.PAUSED:
+            return
+        step = next((s for s in self.rt.steps(run_id) if s.step_id == guard_mod.STEP_ID), None)
+        if step is None or step.status is not StepStatus.PENDING:
+            return
+        # StaleState: not waiting for an approval (decided meanwhile); nothing to record.
+        with contextlib.suppress(errors.StaleState):
+            self.rt.reject(run_id, guard_mod.STEP_ID, by=TOOL_DENIED_BY, reason=reason)
+
+    def _pydantic_tool(self, tool: Tool[..., Any]) -> PydanticTool[Any]:
+        async def guarded(ctx: RunContext[Any], **arguments: Any) -> dict[str, Any]:
+            return await self._call(tool, ctx, arguments)
+
+        return PydanticTool[Any].from_schema(
+            guarded,
+            name=tool.name,
+            description=description(tool),
+            json_schema=schemas.parameters_schema(tool),
+            takes_ctx=True,
+        )
+
+    async def _call(
+        self, tool: Tool[..., Any], ctx: RunContext[Any], arguments: dict[str, Any]
+    ) -> dict[str, Any]:
+        """One tool call: the guard, and the person's decision when the call was deferred.
+
+        Pydantic AI calls the tool again when the run is resumed with the call approved; the
+        decision in its metadata is recorded first, then the guard answers from the ledger, so a
+        decision already applied (by an earlier run that died) is not applied twice.
+        """
+        call_id = ctx.tool_call_id
+        if not call_id:
+            raise errors.ArgumentError(
+                f"the tool call of {tool.ref} has no id; effectflow needs the model's tool-call "
+                "id to know a replay from a new call"
+            )
+        try:
+            _validator(tool).validate(arguments)
+        except jsonschema.ValidationError as exc:
+            raise ModelRetry(f"the arguments do not fit the schema: {exc.message}") from None
+        scope = self.scope(ctx)
+        guard = functools.partial(
+            self.rt.guard_async,
+            tool,
+            arguments,
+            scope=scope,
+            call_id=call_id,
+            known_call_ids=_known_call_ids(ctx, call_id),
+        )
+        decision = ctx.tool_call_metadata if ctx.tool_call_approved else None
+        refused: str | None = None
+        if ctx.tool_call_approved and not decision:
+            # Approved in Pydantic AI without a decision the ledger can record: only one recorded
+            # elsewhere (the console, the CLI) lets the call go on.
+            refused = (
+                "approved without a decision effectflow can record (who decided, and what): "
+                "resume with effectflow.contrib.pydantic_ai.answer(requests, {tool_call_id: "
+                "{'approved': True, 'approver': '<who>'}}), or record it with rt.approve first"
+            )
+        while True:
+            try:
+                done: Guarded = await guard()
+            except errors.NeedsPerson as asked:
+                if decision is not None:
+                    pending, decision = decision, None
+                    try:
+                        await asyncio.to_thread(
+                            decisions.apply, self.rt, asked, pending, scope, call_id
+                        )
+                    except errors.ArgumentError as exc:
+                        refused = exc.message
+                    else:
+                        refused = None
+                        continue
+                if not self.defer:
+                    return _waiting(asked)
+                shown = decisions.payload(asked, tool.ref, arguments, scope, call_id)
+                raise ApprovalRequired(
+                    metadata=shown if refused is None else {**shown, "refused": refused}
+                ) from None
+            except errors.EffectflowError as exc:
+                return self._failure(tool, exc)
+            return _done(done)
+
+    def _failure(self, tool: Tool[..., Any], exc: errors.EffectflowError) -> dict[str, Any]:
+        """A guarded call that ended without a result, phrased for the model."""
+        declined = _declined(self.rt, exc) if isinstance(exc, errors.StepRejected) else None
+        if declined is not None:
+            return {"status": "declined", "happened": False, "error": DECLINED,
+                    "reason": declined}  # fmt: skip
+        if isinstance(exc, errors.StepRejected):
+            return {"status": "rejected", "happened": False, "error": exc.message}
+        if isinstance(exc, errors.RetryBudgetExhausted):
+            return {"status": "not_committed", "happened": False, "error": exc.message}
+        if isinstance(exc, errors.IdempotencyConflict | errors.ArgumentError):
+            return {"status": "refused", "happened": False, "error": exc.message}
+        run_id = getattr(exc, "run_id", None)
+        if run_id is not None and self.rt.run(run_id).status is RunStatus.CANCELLED:
+            return {"status": "cancelled", "happened": False, "error": CANCELLED}
+        if isinstance(exc, errors.StepFailed) and not tool.contract.effect.writes:
+            return {"status": "failed", "happened": False, "error": exc.message}
+        if isinstance(exc, errors.StepFailed):
+            return {"status": "unknown", "happened": None, "message": guard_mod.MAY_HAVE_HAPPENED}
+        raise exc
+
+
+def _known_call_ids(ctx: RunContext[Any], current: str) -> frozenset[str]:
+    """The conversation's answered calls, or none where the durable unit does not carry the
+    messages (inside a Temporal activity reading them raises): then every repeat counts as the
+    same call, which never makes one twice."""
+    try:
+        messages = ctx.messages
+    except Exception:  # a durable unit's run context guards the fields it did not carry
+        return frozenset()
+    return conversation_call_ids(messages, current)
+
+
+@functools.lru_cache(maxsize=1024)
+def _validator(tool: Tool[..., Any]) -> Any:
+    """The arguments' validator, built once per tool (``Tool.from_schema`` leaves the arguments
+    unchecked, and ``jsonschema.validate`` would check the schema itself on every call)."""
+    schema = schemas.parameters_schema(tool)
+    return jsonschema.validators.validator_for(schema)(schema)
+
+
+def description(tool: Tool[..., Any]) -> str:
+    """The tool's docstring, then what its contract means for the model, in its words."""
+    doc = inspect.cleandoc(tool.fn.__doc__ or "").strip()
+    note = _effect_note(tool)
+    return f"{doc}\n\n{note}" if doc else note
+
+
+def _effect_note(tool: Tool[..., Any]) -> str:
+    contract = tool.contract
+    if contract.effect is EffectClass.PURE:
+        return "Effect: pure - changes nothing outside; safe to repeat."
+    if contract.effect is EffectClass.READ:
+        return "Effect: read - only observes; safe to repeat."
+    reversible = "reversible" if contract.reversible else "irreversible"
+    if contract.each_call_new:
+        repeat = "every call is a new request"
+    else:
+        repeat = (
+            "done once per request: a call repeated after a lost answer is not done twice; "
+            "calling it again after its result is a new request"
+        )
+    note = f"Effect: {contract.effect.value}, {reversible} - {repeat}."
+    if contract.needs_approval:
+        note += " Each call waits for a person's approval."
+    return note
+
+
+def _declined(rt: Runtime, exc: errors.StepRejected) -> str | None:
+    """The person's reason, when the call was declined (``rt.reject``) rather than refused by the
+    provider; None otherwise."""
+    if exc.run_id is None:
+        return None
+    step = next((s for s in rt.steps(exc.run_id) if s.step_id == exc.step_id), None)
+    error = {} if step is None else (step.error or {})
+    return str(error.get("reason")) if error.get("code") == "approval_declined" else None
+
+
+def _done(done: Guarded) -> dict[str, Any]:
+    if done.deduplicated:
+        return {"status": "already_done", "happened": True, "result": done.value,
+                "message": ALREADY_DONE}  # fmt: skip
+    return {"status": "done", "happened": True, "result": done.value}
+
+
+def _waiting(asked: errors.NeedsPerson) -> dict[str, Any]:
+    status = "waiting_for_approval" if asked.kind == "approval" else "unknown"
+    return {"status": status, "happened": None, "message": asked.for_model,
+            "effect_id": asked.effect_id}  # fmt: skip
