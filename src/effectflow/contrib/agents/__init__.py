@@ -1,4 +1,5 @@
-"""Agent integration (DESIGN §8): tool contracts as model tool schemas, and a recorded agent loop.
+"""Agent integration: tool contracts as model tool schemas, and a recorded agent loop
+(docs/concepts.md#agents-and-models).
 
 ``openai_tools`` / ``anthropic_tools`` turn ``ef.Tool`` objects into the schemas models take, with
 the contract's effect class in each description; ``run_agent`` runs a model inside a workflow, every

@@ -8,7 +8,8 @@ gateway) made inside the workflow: scope ``agent:<run label>``, call id ``<model
 -call id>``. Because every turn is durable, no call is ever regenerated after a lost turn: the whole
 conversation is known, so every call is a request of its own (``guard.request_operation``) — a model
 that repeats a call, or reuses a tool-call id in a later message, gets a new operation, not the first
-one's recorded result (DESIGN §8, §10).
+one's recorded result (docs/concepts.md#agents-and-models; and, for the hosts that do lose turns,
+docs/concepts.md#regenerated-calls).
 
 Messages are kept in one neutral form, the Chat Completions one (assistant messages also carry their
 ``id``); ``AnthropicModel`` translates to and from the Messages API. Models are duck-typed: an object

@@ -28,7 +28,7 @@ from effectflow.contracts.tool import EffectClass, Tool
 #: The name of the read-only tool that asks the ledger whether an earlier call already happened.
 CHECK_EFFECT = "check_effect"
 
-#: What the model is told when a call's outcome is not known (DESIGN §8).
+#: What the model is told when a call's outcome is not known (docs/concepts.md#agents-and-models).
 UNKNOWN_OUTCOME = (
     "This may or may not have happened; do not repeat it; it is being checked. "
     f"Call {CHECK_EFFECT} with this tool_call_id later to learn the outcome."

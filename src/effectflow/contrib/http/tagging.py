@@ -4,8 +4,8 @@ A provider that does not deduplicate by key can still be searched by a value the
 to the request (Slack-style client tags, Stripe ``metadata``, a ``client_reference`` field). Such
 a search settles a lost response only if the request carried our key: a lookup for a key the
 provider never saw always finds nothing, and "nothing" would be mistaken for "not committed"
-(DESIGN §3.1). So a tool that is looked up by key must say where it sends the key, and a lookup by
-key is refused for a tool that sends it nowhere.
+(docs/concepts.md#what-a-tool-tells-the-runtime). So a tool that is looked up by key must say where
+it sends the key, and a lookup by key is refused for a tool that sends it nowhere.
 """
 
 from __future__ import annotations

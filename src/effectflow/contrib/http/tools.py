@@ -44,8 +44,9 @@ Decisions:
   is refused for a tool that sends the key nowhere (see :mod:`effectflow.contrib.http.tagging`).
 - The runtime's deadline is sent only when the tool names the header the provider enforces it by
   (``deadline_header``). A tool that takes ``deadline`` tells the runtime the provider refuses the
-  call after it, so a lookup that finds nothing past it is proof (DESIGN §3.1); a real API ignores
-  a header it does not know, so claiming that by default would make "not found" proof of nothing
+  call after it, so a lookup that finds nothing past it is proof
+  (docs/decision-table.md#when-not-found-is-proof); a real API ignores a header it does not know,
+  so claiming that by default would make "not found" proof of nothing
   and re-send calls that may still land. Without it, a non-idempotent tool with a lookup declares
   ``settles_within`` (the provider's documented bound, or ``"unbounded"``).
 """
@@ -537,7 +538,8 @@ def _no_bound_message(
     return (
         f"tool {name} ({EffectClass(effect).value}, no idempotency) is confirmed by the lookup "
         f"{lookup}, so it must say when a lookup that finds nothing proves the request did not "
-        "commit (DESIGN §3.1). An http_tool sends no deadline unless told how: pass "
+        "commit (docs/decision-table.md#when-not-found-is-proof). An http_tool sends no deadline "
+        "unless told how: pass "
         "deadline_header='X-Request-Deadline' (the header's name) only if the provider refuses "
         "a request after the deadline it carries; otherwise declare settles_within=<seconds or "
         "ISO 8601>, how long after a request starts the provider may still commit it (its "
@@ -580,7 +582,8 @@ def _tagged(
 def _check_lookup_by_key(
     name: str, confirm: Tool[..., Any] | str | None, tags: tagging.KeyTags
 ) -> None:
-    """Refuse a lookup by key for a tool whose requests never carry the key (DESIGN §3.1).
+    """Refuse a lookup by key for a tool whose requests never carry the key
+    (docs/concepts.md#what-a-tool-tells-the-runtime).
 
     Such a lookup always finds nothing, and "nothing" would pass for "not committed": a lost
     response would be sent again. Only a lookup built by :func:`http_lookup` says what it searches

@@ -257,9 +257,10 @@ def _declined(rt: Runtime, exc: errors.StepRejected) -> str | None:
 
 def _conversation_call_ids(state: Any, current: str) -> frozenset[str]:
     """The tool-call ids of the earlier calls whose *result* the graph's conversation shows
-    (DESIGN §10): a repeat of one of them is the model asking again knowingly, a new request. A
-    call the model was told may have happened (or waits for approval) is not among them, nor one
-    whose turn was lost: a repeat of those is the same call, never made twice."""
+    (docs/concepts.md#regenerated-calls): a repeat of one of them is the model asking again
+    knowingly, a new request. A call the model was told may have happened (or waits for approval)
+    is not among them, nor one whose turn was lost: a repeat of those is the same call, never made
+    twice."""
     messages = state.get("messages", []) if isinstance(state, Mapping) else []
     if not isinstance(messages, list):
         return frozenset()

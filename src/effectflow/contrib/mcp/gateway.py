@@ -42,7 +42,8 @@ from effectflow.contrib.mcp import config as config_mod
 from effectflow.ledger import records
 from effectflow.runtime import guard
 
-#: What an unknown outcome tells the caller (DESIGN §8): the words a model must not retry past.
+#: What an unknown outcome tells the caller (docs/concepts.md#agents-and-models): the words a model
+#: must not retry past.
 UNKNOWN_PHRASE = "this may or may not have happened; do not repeat it; it is being checked"
 #: The argument through which a caller names its logical operation.
 OPERATION_ARG = "operation_id"
