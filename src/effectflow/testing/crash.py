@@ -373,17 +373,17 @@ class HostScript:
 
     def start(self, directory: Path, *, bare: bool = False) -> list[str]:
         """The argv of one turn in ``directory``."""
-        return [self.python, str(self.path), "start", str(directory), *(["--bare"] if bare else [])]
+        return self._argv("start", directory, bare)
 
     def recover(self, directory: Path, *, bare: bool = False) -> list[str]:
         """The argv of the host's own recovery in ``directory``."""
-        return [
-            self.python,
-            str(self.path),
-            "recover",
-            str(directory),
-            *(["--bare"] if bare else []),
-        ]
+        return self._argv("recover", directory, bare)
+
+    def _argv(self, mode: str, directory: Path, bare: bool) -> list[str]:
+        # -P: the hosts' folder holds scripts named like the packages they drive (dbos.py,
+        # langgraph.py); it must not come first on sys.path, or `import dbos` imports the script.
+        flag = ["--bare"] if bare else []
+        return [self.python, "-P", str(self.path), mode, str(directory), *flag]
 
     def run_matrix(
         self,
