@@ -1,0 +1,182 @@
+"""The Pydantic AI host of the crash harness: an ``Agent`` under Pydantic AI's DBOS durability
+(``DBOSDurability``, DBOS on a SQLite system database), alone or with effectflow's ``Effectflow``
+capability (docs/integrations/pydantic_ai.md).
+
+Usage::
+
+    python -P benchmarks/compare/hosts/pydantic_ai.py start   DIR [--bare]
+    python -P benchmarks/compare/hosts/pydantic_ai.py recover DIR [--bare]
+
+``start`` runs one agent turn inside a ``@DBOS.workflow`` (workflow id ``pai-turn``); the scripted
+model (Pydantic AI's ``FunctionModel``) calls the tool with a fresh tool-call id (a uuid, as a
+real model gives), and the tool appends one JSON line ``{"key": ..., "text": ...}`` to
+``DIR/world.jsonl`` (the outside world). ``--bare`` is Pydantic AI and DBOS alone: the tool's
+write is a ``@DBOS.step`` (what DBOS asks of a tool with I/O) that calls
+``crash.kill_if("after_effect")`` right after its append. Without it the same append is an
+``ef.tool`` (``external_write``, a lookup that reads the file for the call's key,
+``settles_within=0``) behind ``Effectflow`` on ``sqlite:///DIR/ledger.db`` with
+``faults=crash.faults_from_env()``.
+
+``recover`` is DBOS's own recovery in a fresh process: ``DBOS.launch()`` resumes the pending
+workflow, whose recorded model step gives the same tool call again, and the tool runs again. It
+prints ``{"status", "needs_person", "lines"}``: ``needs_person`` when the run ended with
+``DeferredToolRequests`` (where effectflow puts what needs a person).
+"""
+
+# This script's folder holds ``pydantic_ai.py`` (this file) and the other hosts' scripts, named
+# like the packages they drive; Python puts the folder first on ``sys.path`` unless run with -P, so
+# it is dropped before any of those packages is imported, and the imports below come after that.
+# ruff: noqa: E402
+
+from __future__ import annotations
+
+import os
+import sys
+
+_HERE = os.path.dirname(os.path.realpath(__file__))
+sys.path[:] = [p for p in sys.path if os.path.realpath(p or os.curdir) != _HERE]
+
+import argparse
+import asyncio
+import json
+import uuid
+from pathlib import Path
+from typing import Any
+
+from dbos import DBOS, SetWorkflowID
+from pydantic_ai import Agent, DeferredToolRequests, RunContext, Tool
+from pydantic_ai.durable_exec.dbos import DBOSDurability
+from pydantic_ai.messages import (
+    ModelMessage,
+    ModelRequest,
+    ModelResponse,
+    TextPart,
+    ToolCallPart,
+    ToolReturnPart,
+)
+from pydantic_ai.models.function import AgentInfo, FunctionModel
+
+import effectflow as ef
+from effectflow.contrib import pydantic_ai as ef_pai
+from effectflow.testing import crash
+
+WORKFLOW_ID = "pai-turn"
+TOOL = "harness_pai_append_line"
+
+
+class World:
+    """The outside world of this process (``main`` points it at DIR)."""
+
+    file = Path(crash.WORLD_FILE)
+
+
+def _lines() -> list[dict[str, Any]]:
+    if not World.file.exists():
+        return []
+    return [json.loads(line) for line in World.file.read_text(encoding="utf-8").splitlines()]
+
+
+def _append(text: str, key: str) -> dict[str, Any]:
+    record = {"key": key, "text": text}
+    with World.file.open("a", encoding="utf-8") as fh:
+        fh.write(json.dumps(record) + "\n")
+    return record
+
+
+@ef.tool("harness_pai_find_line", effect="read")
+def find_line(*, idempotency_key: str) -> ef.Lookup:
+    """The lookup: the file is the provider's own record, searched for the call's key."""
+    for record in _lines():
+        if record["key"] == idempotency_key:
+            return ef.Lookup.confirmed(external_effect_id=idempotency_key, result=record)
+    return ef.Lookup.not_committed()
+
+
+@ef.tool(TOOL, effect="external_write", confirm=find_line, effect_id="key", settles_within=0)
+def append_line(text: str, *, idempotency_key: str) -> dict[str, Any]:
+    """Append one line to the file."""
+    return _append(text, idempotency_key)
+
+
+@DBOS.step()
+async def append_step(text: str, key: str) -> dict[str, Any]:
+    """DBOS alone: the write as a step, and the kill right after it (before DBOS checkpoints the
+    step's output)."""
+    record = _append(text, key)
+    crash.kill_if("after_effect")
+    return record
+
+
+async def plain_append_line(ctx: RunContext[None], text: str) -> dict[str, Any]:
+    """Append one line to the file."""
+    return await append_step(text, f"plain-{ctx.tool_call_id}")
+
+
+def fresh_id_model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+    """A scripted model that behaves like a real one where it matters: asked without a tool
+    result it calls the tool with a fresh tool-call id each time; given one, it answers."""
+    last = messages[-1]
+    if isinstance(last, ModelRequest) and any(isinstance(p, ToolReturnPart) for p in last.parts):
+        return ModelResponse(parts=[TextPart("the line is written")])
+    call_id = f"call_{uuid.uuid4().hex[:16]}"
+    return ModelResponse(parts=[ToolCallPart(TOOL, {"text": "hello"}, tool_call_id=call_id)])
+
+
+def _agent(rt: ef.Runtime, *, bare: bool) -> Agent[None, Any]:
+    durability = DBOSDurability[None]()
+    if bare:
+        tool = Tool(plain_append_line, name=TOOL, takes_ctx=True)
+        return Agent(FunctionModel(fresh_id_model), name="pai_host", tools=[tool],
+                     capabilities=[durability])  # fmt: skip
+    return Agent(
+        FunctionModel(fresh_id_model),
+        name="pai_host",
+        capabilities=[ef_pai.Effectflow(rt, tools=[append_line]), durability],
+        output_type=[str, DeferredToolRequests],
+    )
+
+
+def main(argv: list[str]) -> int:
+    """Run one turn (``start``) or DBOS's recovery (``recover``)."""
+    parser = argparse.ArgumentParser()
+    parser.add_argument("mode", choices=["start", "recover"])
+    parser.add_argument("directory", type=Path)
+    parser.add_argument("--bare", action="store_true")
+    args = parser.parse_args(argv)
+    World.file = args.directory / crash.WORLD_FILE
+    faults = crash.faults_from_env() if args.mode == "start" and not args.bare else None
+    url = f"sqlite:///{args.directory / 'ledger.db'}"
+    with ef.Runtime(url, faults=faults) as rt:
+        agent = _agent(rt, bare=args.bare)
+
+        @DBOS.workflow()
+        async def turn(prompt: str) -> dict[str, Any]:
+            result = await agent.run(prompt)
+            deferred = isinstance(result.output, DeferredToolRequests)
+            return {"output": None if deferred else result.output, "needs_person": deferred}
+
+        system_db = f"sqlite:///{args.directory / 'dbos.sqlite'}"
+        DBOS(config={"name": "effectflow-pai-host", "system_database_url": system_db})
+        DBOS.launch()  # in ``recover``: resumes this executor's pending workflow
+        try:
+            out = asyncio.run(_drive(args.mode, turn))
+        finally:
+            DBOS.destroy()
+        print(json.dumps({**out, "lines": len(_lines())}))
+    return 0
+
+
+async def _drive(mode: str, turn: Any) -> dict[str, Any]:
+    if mode == "start":
+        with SetWorkflowID(WORKFLOW_ID):
+            result = await turn("append a line")
+        status = "SUCCESS"
+    else:
+        handle = await DBOS.retrieve_workflow_async(WORKFLOW_ID)
+        result = await handle.get_result()  # waits for the recovery the launch started
+        status = (await handle.get_status()).status
+    return {"status": status, "needs_person": bool(result["needs_person"])}
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
