@@ -601,6 +601,30 @@ def bench(
             "(?synchronous=normal: nothing fsynced per commit) or all three.",
         ),
     ] = "full",
+    hosts: Annotated[
+        bool,
+        typer.Option(
+            "--hosts",
+            help="Instead: the crash scorecard. SIGKILL each host script of "
+            "benchmarks/compare/hosts/ right after its effect, alone and with effectflow, and "
+            "count the writes in the provider's record after the host's own recovery.",
+        ),
+    ] = False,
+    trials: Annotated[
+        int, typer.Option("--trials", min=1, help="With --hosts: crashes per host and point.")
+    ] = 5,
+    hosts_dir: Annotated[
+        Path | None,
+        typer.Option(
+            "--hosts-dir",
+            help="With --hosts: the folder of host scripts. Default: benchmarks/compare/hosts/ "
+            "of the checkout this runs in.",
+        ),
+    ] = None,
+    only: Annotated[
+        str | None,
+        typer.Option("--only", metavar="HOST,HOST", help="With --hosts: score only these hosts."),
+    ] = None,
     as_json: JsonOption = False,
 ) -> None:
     """Run the effectflow half of the peer comparison on a temporary SQLite ledger.
@@ -611,6 +635,9 @@ def bench(
     One sample each, timed against the same functions called directly.
 
     Side by side with DBOS and LangGraph: benchmarks/compare/run.py in the repository (BENCHMARKS.md).
+
+    With --hosts: the crash scorecard of each agent host, alone and with effectflow
+    (docs/integrations/crash_harness.md).
     """
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
@@ -618,6 +645,9 @@ def bench(
     from effectflow import bench as bench_mod
     from effectflow.cli import render
 
+    if hosts:
+        _bench_hosts(trials, hosts_dir, only, as_json)
+        return
     chosen = mode.strip().lower()
     if chosen != "all" and chosen not in bench_mod.MODES:
         raise typer.BadParameter(
@@ -652,3 +682,29 @@ def bench(
         _emit_json(rows)
         return
     _print(render.bench_table(rows))
+
+
+def _bench_hosts(trials: int, hosts_dir: Path | None, only: str | None, as_json: bool) -> None:
+    """``bench --hosts``: the scorecard of ``effectflow.bench.scorecard``, the code
+    benchmarks/compare/hosts_scorecard.py runs too."""
+    from effectflow import bench as bench_mod
+
+    names = only.split(",") if only is not None else None
+    try:
+        directory = hosts_dir if hosts_dir is not None else bench_mod.find_hosts_dir()
+        bench_mod.host_scripts(directory)
+    except bench_mod.ScorecardError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--hosts-dir") from None
+    try:
+        bench_mod.host_scripts(directory, names)
+    except bench_mod.ScorecardError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--only") from None
+
+    def progress(host: str, what: str) -> None:
+        typer.echo(f"{host}: {what}", err=True)
+
+    scores = bench_mod.scorecard(directory, trials=trials, hosts=names, on_trial=progress)
+    if as_json:
+        _emit_json([score.to_dict() for score in scores])
+        return
+    typer.echo(bench_mod.scorecard_text(scores))
