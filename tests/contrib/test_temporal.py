@@ -1,0 +1,288 @@
+"""The guard inside a Temporal activity, run under ``temporalio.testing.ActivityEnvironment`` (the
+real temporalio package; no Temporal server: see docs/integrations/temporal.md). The provider's own
+file is the proof.
+
+Each test sets the activity's ``Info`` as Temporal's worker would for an attempt: the workflow id
+and run id, the activity id every attempt of one scheduled activity shares, the attempt number.
+The SIGKILL between two attempts, in real processes, is in ``test_temporal_crash.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import inspect
+import json
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from temporalio import activity
+from temporalio.exceptions import ApplicationError
+from temporalio.testing import ActivityEnvironment
+
+import effectflow as ef
+from effectflow.contrib import temporal as ef_temporal
+
+
+class World:
+    """The provider's record: a file, one JSON line per committed write."""
+
+    file = Path("unset")
+
+
+def records() -> list[dict[str, Any]]:
+    """What the provider committed, in order."""
+    if not World.file.exists():
+        return []
+    return [json.loads(line) for line in World.file.read_text().splitlines()]
+
+
+def _commit(kind: str, key: str, **fields: Any) -> dict[str, Any]:
+    record = {"id": f"{kind}_{len(records()) + 1}", "key": key, **fields}
+    with World.file.open("a") as fh:
+        fh.write(json.dumps(record) + "\n")
+    return record
+
+
+@ef.tool("tmp_find", effect="read")
+def find(*, idempotency_key: str) -> ef.Lookup:
+    """The lookup: the provider's record searched by the call's key."""
+    for record in records():
+        if record["key"] == idempotency_key:
+            return ef.Lookup.confirmed(external_effect_id=record["id"], result=record)
+    return ef.Lookup.not_committed()
+
+
+@ef.tool("tmp_send", effect="external_write", confirm=find, effect_id="id", settles_within=0)
+def send(to: str, text: str, *, idempotency_key: str) -> dict[str, Any]:
+    """Send a message."""
+    return _commit("msg", idempotency_key, to=to, text=text)
+
+
+@ef.tool("tmp_lost", effect="external_write", confirm=find, effect_id="id", settles_within=0)
+def send_lost(to: str, text: str, *, idempotency_key: str) -> dict[str, Any]:
+    """Send a message; the provider commits it and its answer is lost on the way back."""
+    _commit("msg", idempotency_key, to=to, text=text)
+    raise ef.OutcomeUnknown("connection reset after the request was sent")
+
+
+@ef.tool(
+    "tmp_refund",
+    effect="financial_write",
+    idempotency=ef.Idempotency(supported=True),
+    effect_id="id",
+)
+def refund(order: str, amount: int, *, idempotency_key: str) -> dict[str, Any]:
+    """Refund an order (the provider deduplicates by key)."""
+    for record in records():
+        if record["key"] == idempotency_key:
+            return record
+    return _commit("refund", idempotency_key, order=order, amount=amount)
+
+
+@pytest.fixture
+def rt(tmp_path: Path) -> Iterator[ef.Runtime]:
+    """A ledger and the provider's file."""
+    World.file = tmp_path / "provider.jsonl"
+    with ef.Runtime(f"sqlite:///{tmp_path / 'ledger.db'}") as runtime:
+        yield runtime
+
+
+Beats = list[tuple[Any, ...]]
+
+
+def _attempt(
+    fn: Callable[..., Any],
+    *args: Any,
+    activity_id: str = "1",
+    attempt: int = 1,
+    workflow_id: str | None = "wf-1",
+    run_id: str = "run-1",
+    beats: Beats | None = None,
+) -> Any:
+    """One attempt of an activity as Temporal's worker would start it."""
+    env = ActivityEnvironment()
+    env.info = dataclasses.replace(
+        ActivityEnvironment.default_info(),
+        activity_id=activity_id,
+        activity_type=activity._Definition.must_from_callable(fn).name,
+        attempt=attempt,
+        workflow_id=workflow_id,
+        workflow_run_id=run_id if workflow_id is not None else None,
+        workflow_type="support" if workflow_id is not None else None,
+    )
+    if beats is not None:
+        env.on_heartbeat = lambda *details: beats.append(details)
+
+    async def run() -> Any:
+        return await env.run(fn, *args)
+
+    return asyncio.run(run())
+
+
+def _needs_person(fn: Callable[..., Any], *args: Any, **info: Any) -> ApplicationError:
+    with pytest.raises(ApplicationError) as caught:
+        _attempt(fn, *args, **info)
+    assert caught.value.type == ef_temporal.NEEDS_PERSON
+    assert caught.value.non_retryable
+    return caught.value
+
+
+def test_the_activity_keeps_the_tools_name_and_parameters(rt: ef.Runtime) -> None:
+    """Temporal sees the tool's name and its parameters without the injected key."""
+    act = ef_temporal.guarded(rt, send)
+    defn = activity._Definition.must_from_callable(act)
+    assert defn.name == "tmp_send"
+    assert defn.arg_types == [str, str]
+    assert list(inspect.signature(act).parameters) == ["to", "text"]
+
+
+def test_a_confirmed_call_is_replayed_for_the_same_activity_id(rt: ef.Runtime) -> None:
+    """A second attempt of the same activity id (Temporal's retry after it lost the completion)
+    gets the recorded result; the provider is written once."""
+    act = ef_temporal.guarded(rt, send)
+    first = _attempt(act, "ann", "hi")
+    again = _attempt(act, "ann", "hi", attempt=2)
+    assert again == first
+    assert records() == [first]
+    [run] = rt.runs(scope="temporal:wf-1:run-1")
+    assert run.input["call_id"] == "1"
+
+
+def test_a_lost_response_is_settled_by_the_lookup(rt: ef.Runtime) -> None:
+    """The provider committed and its answer was lost: the attempt returns the provider's record
+    found by the contract's lookup, and a retry of the same activity id writes nothing more."""
+    act = ef_temporal.guarded(rt, send_lost)
+    result = _attempt(act, "bob", "hello")
+    assert records() == [result]
+    assert _attempt(act, "bob", "hello", attempt=2) == result
+    assert records() == [result]
+    [effect] = rt.effects()
+    assert effect.status is ef.StepStatus.CONFIRMED
+
+
+def test_a_regenerated_activity_id_is_deduplicated(rt: ef.Runtime) -> None:
+    """The workflow schedules the same call again under a new activity id (it gave up on the
+    first after its timeouts): the same tool and arguments in the same workflow run are the first
+    call's operation, answered with its result."""
+    act = ef_temporal.guarded(rt, send)
+    first = _attempt(act, "cy", "once", activity_id="1")
+    again = _attempt(act, "cy", "once", activity_id="7")
+    assert again == first
+    assert records() == [first]
+    assert {r.input["call_id"] for r in rt.runs(scope="temporal:wf-1:run-1")} == {"1", "7"}
+
+
+def test_a_new_workflow_run_is_a_scope_of_its_own(rt: ef.Runtime) -> None:
+    """Activity ids restart in each workflow run (a reset, a continue-as-new): activity ``1`` of
+    another run is another call."""
+    act = ef_temporal.guarded(rt, send)
+    first = _attempt(act, "dee", "x", run_id="run-1")
+    second = _attempt(act, "dee", "x", run_id="run-2")
+    assert records() == [first, second]
+
+
+def test_an_approval_ends_the_attempt_and_the_retried_attempt_completes(rt: ef.Runtime) -> None:
+    """A financial write ends its attempt with a non-retryable ``NEEDS_PERSON`` error naming the
+    ledger run; once a person approves, the next attempt of the same activity id completes with
+    the one refund."""
+    act = ef_temporal.guarded(rt, refund)
+    error = _needs_person(act, "A-1", 30)
+    asked = ef_temporal.asked_of(error)
+    assert asked is not None
+    assert asked["kind"] == "approval"
+    assert records() == [], "nothing is refunded before the approval"
+    rt.approve(asked["run_id"], asked["step_id"], approver="alice", approval_id="CR-1")
+    result = _attempt(act, "A-1", 30, attempt=2)
+    assert records() == [result]
+    assert result["order"] == "A-1"
+    [effect] = rt.effects()
+    assert effect.approval_id == "CR-1"
+
+
+def test_the_decision_activity_applies_the_decision_and_completes_the_call(
+    rt: ef.Runtime,
+) -> None:
+    """What a workflow runs after the signal with the person's decision: the approval is recorded
+    and the call's own result comes back, once."""
+    act = ef_temporal.guarded(rt, refund)
+    decide = ef_temporal.decision_activity(rt)
+    asked = ef_temporal.asked_of(_needs_person(act, "B-2", 5, activity_id="3"))
+    assert asked is not None
+    result = _attempt(decide, asked, {"approved": True, "approver": "bob"}, activity_id="4")
+    assert records() == [result]
+    assert _attempt(act, "B-2", 5, activity_id="3", attempt=2) == result
+    assert len(records()) == 1
+
+
+def test_a_declined_decision_is_a_non_retryable_step_rejected(rt: ef.Runtime) -> None:
+    """A person declines: nothing is refunded, and the decision activity fails for good."""
+    act = ef_temporal.guarded(rt, refund)
+    decide = ef_temporal.decision_activity(rt)
+    asked = ef_temporal.asked_of(_needs_person(act, "C-3", 9))
+    with pytest.raises(ApplicationError) as caught:
+        _attempt(
+            decide, asked, {"approved": False, "approver": "bob", "reason": "no"}, activity_id="2"
+        )
+    assert caught.value.type == "EffectflowStepRejected"
+    assert caught.value.non_retryable
+    assert records() == []
+
+
+def test_a_decision_without_who_made_it_is_refused(rt: ef.Runtime) -> None:
+    """A decision that does not say who decided changes nothing and fails for good."""
+    act = ef_temporal.guarded(rt, refund)
+    decide = ef_temporal.decision_activity(rt)
+    asked = ef_temporal.asked_of(_needs_person(act, "D-4", 1))
+    with pytest.raises(ApplicationError, match="who made it") as caught:
+        _attempt(decide, asked, {"approved": True}, activity_id="2")
+    assert caught.value.type == "EffectflowArgumentError"
+    assert records() == []
+    assert ef_temporal.asked_of(_needs_person(act, "D-4", 1, attempt=2)) is not None
+
+
+def test_heartbeats_and_errors_carry_no_argument_values_or_keys(rt: ef.Runtime) -> None:
+    """What Temporal stores in the workflow's history from these activities — heartbeat details
+    and the ``NEEDS_PERSON`` error's details — holds ids and state names, never an argument value
+    or the idempotency key."""
+    beats: Beats = []
+    secret_to, secret_text = "ann.secret@example.com", "the confidential body"
+    _attempt(ef_temporal.guarded(rt, send), secret_to, secret_text, beats=beats)
+    refund_act = ef_temporal.guarded(rt, refund)
+    error = _needs_person(refund_act, "ORDER-SECRET-9", 4242, activity_id="2", beats=beats)
+    keys = [e.idempotency_key for e in rt.effects()] + [r["key"] for r in records()]
+    stored = json.dumps([list(b) for b in beats]) + json.dumps(list(error.details))
+    assert beats, "the activities heartbeat"
+    assert [b[0]["state"] for b in beats] == ["call", "done", "call", "needs_person"]
+    for value in (secret_to, secret_text, "ORDER-SECRET-9", "4242", *keys):
+        assert value not in stored
+    assert all(set(b[0]) == {"effectflow_run", "state"} for b in beats)
+
+
+def test_an_activity_not_scheduled_by_a_workflow_is_refused(rt: ef.Runtime) -> None:
+    """A standalone activity has no workflow identity to scope the call: it fails for good, and
+    nothing is written or recorded."""
+    with pytest.raises(ApplicationError, match="not scheduled by a workflow") as caught:
+        _attempt(ef_temporal.guarded(rt, send), "x", "y", workflow_id=None)
+    assert caught.value.non_retryable
+    assert records() == []
+    assert rt.runs() == []
+
+
+def test_the_decorator_form_over_an_ef_tool(rt: ef.Runtime) -> None:
+    """``@guarded(rt)`` over an ``ef.tool`` is the same activity."""
+
+    @ef_temporal.guarded(rt, name="tmp_send_decorated")
+    @ef.tool(
+        "tmp_send_deco", effect="external_write", confirm=find, effect_id="id", settles_within=0
+    )
+    def send_decorated(to: str, text: str, *, idempotency_key: str) -> dict[str, Any]:
+        """Send a message."""
+        return _commit("msg", idempotency_key, to=to, text=text)
+
+    result = _attempt(send_decorated, "eve", "hey")
+    assert _attempt(send_decorated, "eve", "hey", attempt=2) == result
+    assert records() == [result]
+    assert activity._Definition.must_from_callable(send_decorated).name == "tmp_send_decorated"
