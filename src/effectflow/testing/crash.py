@@ -156,8 +156,9 @@ class PointResult:
     verdict: Verdict
     #: The start process's exit code (``-SIGKILL`` when killed).
     start_rc: int = 0
-    #: The start process's stderr, and the recovering one's (why a point went wrong).
+    #: The start process's stderr (why it did not die where it was told to).
     start_stderr: str = ""
+    #: The recovering process's stderr (why a recovery failed).
     recover_stderr: str = ""
 
     @property
