@@ -15,6 +15,7 @@ import json
 import shutil
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -86,7 +87,10 @@ else:
 
 
 def _matrix(
-    tmp_path: Path, setup: str, points: tuple[str, ...] = crash.POINTS
+    tmp_path: Path,
+    setup: str,
+    points: tuple[str, ...] = crash.POINTS,
+    needs_person: Callable[[], bool] | None = None,
 ) -> crash.CrashReport:
     script = tmp_path / "host.py"
     script.write_text(HOST, encoding="utf-8")
@@ -104,6 +108,7 @@ def _matrix(
         points=points,
         reset=reset,
         label=setup,
+        needs_person=needs_person,
     )
 
 
@@ -167,6 +172,26 @@ def test_a_setup_that_forgets_to_recover_loses_the_call(tmp_path: Path) -> None:
     assert result.verdict == "lost"
     with pytest.raises(AssertionError, match=r"unsafe at after_intent \(lost\)"):
         report.assert_safe()
+
+
+def test_the_ledger_keeps_a_forgotten_call_in_sight(tmp_path: Path) -> None:
+    """The same forgetful recovery, judged by the ledger's attention queue instead of the host:
+    killed after the intent, the call is there for a person (person asked); killed before it,
+    nothing was recorded and the call is lost; a correct setup leaves nothing to ask."""
+    url = f"sqlite:///{tmp_path / 'world' / 'ledger.db'}"
+    report = _matrix(
+        tmp_path,
+        "forget",
+        ("after_intent", "before_intent"),
+        needs_person=crash.ledger_needs_person(url),
+    )
+    assert [(r.effects, r.verdict) for r in report.results] == [(0, "person asked"), (0, "lost")]
+    with pytest.raises(AssertionError, match=r"(?m)unsafe at before_intent \(lost\)$"):
+        report.assert_safe()
+    correct = _matrix(
+        tmp_path, "correct", ("after_effect",), needs_person=crash.ledger_needs_person(url)
+    )
+    assert [(r.effects, r.verdict) for r in correct.results] == [(1, "once")]
 
 
 @pytest.mark.parametrize(

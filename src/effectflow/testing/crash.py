@@ -44,6 +44,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 
 from effectflow.runtime.faults import FaultPlan, FaultPoint
+from effectflow.runtime.runtime import Runtime
 
 #: The four SIGKILL points, in the order a call passes them.
 POINTS = ("before_intent", "after_intent", "after_effect", "after_outcome")
@@ -200,6 +201,19 @@ def reported_needs_person(stdout: str) -> bool:
         if isinstance(out, dict):
             return out.get("needs_person") is True
     return False
+
+
+def ledger_needs_person(url: str, *, tenant: str = "default") -> Callable[[], bool]:
+    """A ``needs_person`` for ``run_point``: whether the ledger at ``url`` has anything in its
+    attention queue after recovery (an effect in doubt, an interrupted call nobody settles, an
+    approval) — where effectflow asks a person, whether or not the host itself asked anyone
+    (docs/concepts.md#no-effect-out-of-sight)."""
+
+    def check() -> bool:
+        with Runtime(url, tenant=tenant) as rt:
+            return bool(rt.attention())
+
+    return check
 
 
 def run_point(
