@@ -20,12 +20,13 @@ from agents import (
     function_tool,
     set_tracing_disabled,
 )
-from agents.exceptions import UserError
+from agents.exceptions import ModelBehaviorError, UserError
 from agents.testing import ModelCall, ModelStep, ScriptedModel, assistant_message
 from agents.testing import function_call as model_function_call
 
 import effectflow as ef
 from effectflow.contrib import openai_agents as ef_agents
+from effectflow.runtime.guard import request_digest
 
 set_tracing_disabled(True)
 
@@ -144,6 +145,11 @@ def _agent(
 def _run(agent: Agent[Any], input: Any) -> Any:
     """``Runner.run`` on a fresh event loop (``run_sync`` leaves its loop open)."""
     return asyncio.run(Runner.run(agent, input))
+
+
+def _run_with(agent: Agent[Any], input: Any, context: Any) -> Any:
+    """``Runner.run`` with the application's own context object."""
+    return asyncio.run(Runner.run(agent, input, context=context))
 
 
 def _outputs(result: Any) -> list[dict[str, Any]]:
@@ -333,3 +339,197 @@ def test_another_conversation_is_another_scope(rt: ef.Runtime) -> None:
     _run(agent, "go")
     _run(other, "go")
     assert len(records()) == 2
+
+
+# -- approvals --------------------------------------------------------------------------------------
+
+
+@ef.tool(
+    "oa_refund",
+    version=2,
+    effect="financial_write",
+    idempotency=ef.Idempotency(supported=True),
+    effect_id="id",
+)
+def refund_v2(order: str, amount: int, *, idempotency_key: str) -> dict[str, Any]:
+    """Refund an order (the contract's second version: its approval rules changed)."""
+    return _commit("rf", idempotency_key, order=order, amount=amount)
+
+
+class AsksAgainModel(Model):
+    """A model that, told its call was not done (``again_on`` in the tool's output), calls the
+    tool again with a new id."""
+
+    def __init__(
+        self, tool: str, args: dict[str, Any], again_on: str = "approval_outdated"
+    ) -> None:
+        super().__init__(tool, args)
+        self.again_on = again_on
+
+    def _respond(self, call: ModelCall) -> list[Any]:
+        last = call.input[-1] if isinstance(call.input, list) and call.input else {}
+        output = str(last.get("output", "")) if isinstance(last, dict) else ""
+        if self.again_on in output and len(self.issued) < 2:
+            call_id = f"{self.prefix}_{next(self.ids)}"
+            self.issued.append(call_id)
+            return [model_function_call(self.tool, self.args, call_id=call_id)]
+        return super()._respond(call)
+
+
+def _resume(agent: Agent[Any], serialized: str) -> Any:
+    state = asyncio.run(RunState.from_string(agent, serialized))
+    return _run(agent, state)
+
+
+def _approved(result: Any) -> str:
+    """The run state with every interruption approved (``RunState.approve``), serialized as an
+    application stores it until the person answered."""
+    assert result.interruptions, "the run did not stop for an approval"
+    state = result.to_state()
+    for item in result.interruptions:
+        state.approve(item)
+    serialized: str = state.to_string()
+    return serialized
+
+
+def test_a_call_that_needs_approval_stops_the_run_and_is_made_once_approved(
+    rt: ef.Runtime,
+) -> None:
+    """The contract's approval is the SDK's ``needs_approval``: the run stops with the call as
+    an interruption and nothing sent; the ledger lists the request for a person; approved through
+    ``RunState.approve`` and resumed, the refund is made once, and the ledger's approval names the
+    approver and the exact request."""
+    agent, _ = _agent(rt, refund, REFUND, approver=lambda ctx: ctx.context["user"])
+    first = _run_with(agent, "refund it", {"user": "alice"})
+    [item] = first.interruptions
+    assert (item.tool_name, json.loads(item.arguments)) == ("oa_refund", REFUND)
+    assert records() == []
+    [waiting] = rt.attention()
+    assert waiting.run_id is not None
+    resumed = _resume(agent, _approved(first))
+    [refunded] = records()
+    assert _outputs(resumed) == [{"status": "done", "happened": True, "result": refunded}]
+    [run] = rt.runs()
+    [approval] = rt.store.approvals(run.run_id, "call")
+    assert approval.approver == "alice"
+    [effect] = rt.effects()
+    assert approval.request_digest == effect.request_digest == request_digest(refund, REFUND)
+    assert rt.attention() == []
+
+
+def test_a_call_declined_through_the_sdk_is_never_made(rt: ef.Runtime) -> None:
+    """``RunState.reject``: the SDK tells the model and calls nothing, so the provider never sees
+    the refund. The ledger hears of it when the model asks again for the same refund: the old
+    request is declined there from the SDK's record, and the new one waits for its own approval."""
+    model = AsksAgainModel("oa_refund", REFUND, again_on="not this one")
+    agent, _ = _agent(rt, refund, REFUND, model=model)
+    first = _run(agent, "refund it")
+    state = first.to_state()
+    [item] = first.interruptions
+    state.reject(item, rejection_message="not this one")
+    resumed = _run(agent, state)
+    assert records() == []
+    [again] = resumed.interruptions
+    assert again.call_id == model.issued[1] == "call_2"
+    by_call = {r.input["call_id"]: r for r in rt.runs()}
+    [declined] = rt.steps(by_call["call_1"].run_id)
+    assert declined.status is ef.StepStatus.REJECTED
+    assert "not this one" in str(declined.error)
+    [waiting] = rt.attention()
+    assert waiting.run_id == by_call["call_2"].run_id
+
+
+def test_reject_declines_in_the_sdk_and_the_ledger_at_once(rt: ef.Runtime) -> None:
+    """``ef_agents.reject``: the model is told the reason, nothing is sent, and nothing is left
+    waiting for an approval in the ledger."""
+    agent, _ = _agent(rt, refund, REFUND)
+    first = _run(agent, "refund it")
+    assert len(rt.attention()) == 1
+    state = first.to_state()
+    [item] = first.interruptions
+    ef_agents.reject(rt, state, item, scope="ticket-7", by="bob", reason="not this one")
+    resumed = _run(agent, state)
+    assert records() == []
+    assert "not this one" in resumed.final_output
+    assert rt.attention() == []
+    [run] = rt.runs()
+    [step] = rt.steps(run.run_id)
+    assert step.status is ef.StepStatus.REJECTED
+
+
+def test_an_approval_given_under_a_policy_since_changed_is_refused_and_asked_again(
+    rt: ef.Runtime,
+) -> None:
+    """openai/openai-agents-python#4896: approved, saved, and the approval policy changed before
+    the run resumed. The SDK keeps its approval; effectflow re-checks it on resume: nothing is
+    sent, the model is told a new approval is needed, its new call stops the run again, and only
+    the approval under the current policy makes the refund."""
+    policy = {"version": "refund-limits-1"}
+    model = AsksAgainModel("oa_refund", REFUND)
+    agent, _ = _agent(rt, refund, REFUND, model=model, policy=lambda ctx: policy["version"])
+    first = _run(agent, "refund it")
+    serialized = _approved(first)
+    policy["version"] = "refund-limits-2"  # while the run was paused
+    resumed = _resume(agent, serialized)
+    assert records() == []
+    [outdated] = _outputs(resumed)
+    assert outdated["status"] == "approval_outdated"
+    assert outdated["happened"] is False
+    [again] = resumed.interruptions  # the model's new call: a new approval under the new policy
+    assert again.call_id == model.issued[1] != model.issued[0]
+    old = next(r for r in rt.runs() if model.issued[0] in r.input["call_id"])
+    [old_step] = rt.steps(old.run_id)
+    assert old_step.status is ef.StepStatus.REJECTED
+    assert "policy changed" in str(old_step.error)
+    final = _resume(agent, _approved(resumed))
+    [refunded] = records()
+    assert _outputs(final)[-1] == {"status": "done", "happened": True, "result": refunded}
+    new = next(r for r in rt.runs() if model.issued[1] in r.input["call_id"])
+    assert ef_agents.split_call_id(new.input["call_id"]) == (model.issued[1], "refund-limits-2")
+    assert len(rt.store.approvals(new.run_id, "call")) == 1
+
+
+def _with_amount(serialized: str, amount: int, *, keep_sdk_fingerprint: bool) -> str:
+    """The saved run state with the refund's amount changed while it waited. The SDK fingerprints
+    each tool invocation in its state; an edit that drops that record (a state written without
+    one) leaves the SDK nothing to compare."""
+    state = json.loads(serialized.replace('\\"amount\\":30', f'\\"amount\\":{amount}'))
+    if not keep_sdk_fingerprint:
+        state["context"].pop("tool_invocations", None)
+    return json.dumps(state)
+
+
+def test_an_approval_of_a_changed_payload_is_never_spent_on_it(rt: ef.Runtime) -> None:
+    """The saved run state was changed while it waited (the amount approved is not the amount
+    resumed). The SDK catches an edit its fingerprint covers; without one it asks again. Approved
+    again there, the call still names the tool-call id the ledger recorded with the first amount:
+    effectflow refuses to make another request under it. Nothing is sent, the first request is
+    declined in the ledger, and the model is told to ask for a new approval."""
+    agent, _ = _agent(rt, refund, REFUND)
+    serialized = _approved(_run(agent, "refund it"))
+    with pytest.raises(ModelBehaviorError):
+        _resume(agent, _with_amount(serialized, 3000, keep_sdk_fingerprint=True))
+    asked_again = _resume(agent, _with_amount(serialized, 3000, keep_sdk_fingerprint=False))
+    [item] = asked_again.interruptions
+    assert json.loads(item.arguments)["amount"] == 3000
+    resumed = _resume(agent, _approved(asked_again))
+    assert records() == []
+    [out] = _outputs(resumed)
+    assert out["status"] == "approval_outdated"
+    [run] = rt.runs()
+    assert run.input["arguments"] == REFUND
+    [step] = rt.steps(run.run_id)
+    assert step.status is ef.StepStatus.REJECTED
+    assert "request changed" in str(step.error)
+    assert rt.store.approvals(run.run_id, "call") == []
+
+
+def test_an_approval_given_under_another_contract_version_is_refused(rt: ef.Runtime) -> None:
+    """Without an explicit policy the contract is the policy: a run approved under ``oa_refund@1``
+    resumed after the application moved to ``oa_refund@2`` sends nothing."""
+    agent, _ = _agent(rt, refund, REFUND)
+    serialized = _approved(_run(agent, "refund it"))
+    upgraded, _ = _agent(rt, refund_v2, REFUND)
+    resumed = _resume(upgraded, serialized)
+    assert records() == []
+    assert [o["status"] for o in _outputs(resumed)] == ["approval_outdated"]

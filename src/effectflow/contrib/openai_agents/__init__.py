@@ -12,7 +12,8 @@ Each tool is an ``ef.tool`` (its function and its side-effect contract), or the 
 and JSON schema, with ``on_invoke_tool`` going through ``rt.guard_async`` (scope = the
 conversation the application names, call id = ``ToolContext.tool_call_id``) and the contract's
 approval requirement as ``needs_approval`` (``result.interruptions``, ``RunState.approve`` /
-``reject``, ``Runner.run(agent, state)``). See docs/integrations/openai_agents.md.
+``reject``, ``Runner.run(agent, state)``); ``reject`` declines in the SDK and the ledger at
+once. See docs/integrations/openai_agents.md.
 """
 
 try:
@@ -34,6 +35,7 @@ from effectflow.contrib.openai_agents.calls import (
     call_id_of,
     split_call_id,
 )
+from effectflow.contrib.openai_agents.decisions import reject
 from effectflow.contrib.openai_agents.guarded import effectflow_tool, effectflow_tools
 from effectflow.contrib.openai_agents.tools import (
     EffectflowFunctionTool,
@@ -55,5 +57,6 @@ __all__ = [
     "effectflow_tool",
     "effectflow_tools",
     "function_tool",
+    "reject",
     "split_call_id",
 ]
