@@ -572,6 +572,8 @@ def scorecard_text(scores: Iterable[HostScore]) -> str:
             lines.append("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
         if score.error:
             lines.append(f"stopped early: {score.error}")
+        if score.trials < 5:
+            lines.append("fewer than 5 trials: a smoke run, not a figure to publish")
         blocks.append("\n".join(lines))
     caption = (
         "writes = lines in the provider's own record (world.jsonl) after recovery; killed = trials "

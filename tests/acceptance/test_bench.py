@@ -177,6 +177,7 @@ def test_bench_hosts_prints_the_side_by_side_table(tmp_path: Path) -> None:
     for point in ("before_intent", "after_intent", "after_outcome"):
         assert rows[point] == ["1", "1/1", "once x1"]
     assert "asking" not in result.stdout
+    assert "fewer than 5 trials: a smoke run" in result.stdout
 
 
 @pytest.mark.parametrize(
