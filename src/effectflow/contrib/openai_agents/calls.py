@@ -159,7 +159,9 @@ class GuardedCall:
 
     def _call(self, ctx: RunContextWrapper[Any], tool_call_id: str) -> _Call:
         scope = _read(self._scope, ctx, "scope")
-        policy = None if self._policy is None else _read(self._policy, ctx, "policy")
+        policy = None
+        if self._policy is not None and self.tool.contract.needs_approval:
+            policy = _read(self._policy, ctx, "policy")  # only approvals are bound to one
         return _Call(
             scope=f"{SCOPE_PREFIX}:{scope}",
             tool_call_id=tool_call_id,
