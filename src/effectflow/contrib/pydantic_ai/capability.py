@@ -48,7 +48,7 @@ from effectflow import errors
 from effectflow.contracts.tool import EffectClass, Tool
 from effectflow.contrib.agents import schemas
 from effectflow.contrib.pydantic_ai import decisions
-from effectflow.ledger.records import RunStatus, StepStatus
+from effectflow.ledger.records import RunStatus
 from effectflow.runtime import guard as guard_mod
 
 if TYPE_CHECKING:
@@ -200,13 +200,11 @@ class Effectflow(AbstractCapability[Any]):
     def _record_denial(self, run_id: str, reason: str) -> None:
         run = self.rt.store.get_run(run_id, tenant=self.rt.tenant)
         if run is None or run.status is not RunStatus.PAUSED:
-            return
-        step = next((s for s in self.rt.steps(run_id) if s.step_id == guard_mod.STEP_ID), None)
-        if step is None or step.status is not StepStatus.PENDING:
-            return
-        # StaleState: not waiting for an approval (decided meanwhile); nothing to record.
+            return  # never asked, or decided already
+        # StaleState: the call does not wait for an approval (it waits on an effect in doubt,
+        # which stays listed for a person, or it was decided meanwhile); nothing is recorded.
         with contextlib.suppress(errors.StaleState):
-            self.rt.reject(run_id, guard_mod.STEP_ID, by=TOOL_DENIED_BY, reason=reason)
+            self.rt.reject(run_id, guard_mod.STEP_ID, by=TOOL_DENIED_BY, reason=reason or "denied")
 
     def _pydantic_tool(self, tool: Tool[..., Any]) -> PydanticTool[Any]:
         async def guarded(ctx: RunContext[Any], **arguments: Any) -> dict[str, Any]:
