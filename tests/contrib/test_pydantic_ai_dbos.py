@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from dbos import DBOS, SetWorkflowID
 from pydantic_ai import Agent, DeferredToolRequests, DeferredToolResults
-from pydantic_ai.durable_exec.dbos import DBOSDurability
+from pydantic_ai.durable_exec.dbos import DBOSAgent, DBOSDurability
 from pydantic_ai.messages import (
     ModelMessage,
     ModelRequest,
@@ -196,3 +196,32 @@ def test_an_approval_under_dbos_resumes_in_a_new_workflow_of_the_same_conversati
     assert rt.effects()[0].external_effect_id == line["id"]
     assert host.steps("wf-ask") == ["pai_dbos_agent__model.request"]
     assert host.steps("wf-approved") == ["pai_dbos_agent__model.request"]
+
+
+# DBOSAgent is deprecated in Pydantic AI 2.x in favour of DBOSDurability (it warns on construction);
+# it is tested because agents built on it are still in service.
+@pytest.mark.filterwarnings("ignore::pydantic_ai._warnings.PydanticAIDeprecationWarning")
+def test_the_dbos_agent_wrapper_makes_the_same_guarded_call(dbos_dir: Path, rt: ef.Runtime) -> None:
+    """``DBOSAgent(agent)``, the wrapper that runs the agent as its own DBOS workflow: the tool's
+    call is the same guarded call (one line, its key in the ledger), DBOS records the model's
+    requests."""
+    agent = Agent(
+        _model(send.name, {"text": "hi"}),
+        name="pai_dbos_wrapped",
+        capabilities=[ef_pai.Effectflow(rt, tools=[send])],
+    )
+    wrapped = DBOSAgent(agent)
+    DBOS.launch()
+
+    async def main() -> Any:
+        with SetWorkflowID("wf-wrapped"):
+            return await wrapped.run("go")
+
+    result = asyncio.run(main())
+    [line] = lines()
+    assert result.output == "done"
+    [run] = rt.runs()
+    assert run.input["scope"] == f"pydantic_ai:{result.conversation_id}"
+    assert rt.effects()[0].idempotency_key == line["key"]
+    steps = [s["function_name"] for s in DBOS.list_workflow_steps("wf-wrapped")]
+    assert steps == ["pai_dbos_wrapped__model.request"] * 2
