@@ -533,3 +533,18 @@ def test_an_approval_given_under_another_contract_version_is_refused(rt: ef.Runt
     resumed = _resume(upgraded, serialized)
     assert records() == []
     assert [o["status"] for o in _outputs(resumed)] == ["approval_outdated"]
+
+
+def test_arguments_the_schema_rejects_are_refused_before_anything_is_recorded(
+    rt: ef.Runtime,
+) -> None:
+    """A model's call that does not fit the tool's JSON schema is answered ``refused`` and
+    never reaches the ledger or the provider."""
+    agent, _ = _agent(rt, send, {"to": 7, "text": "hi"})
+    result = _run(agent, "go")
+    [out] = _outputs(result)
+    assert out["status"] == "refused"
+    assert out["happened"] is False
+    assert "is not of type 'string'" in out["error"]
+    assert rt.runs() == []
+    assert records() == []
