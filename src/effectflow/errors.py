@@ -163,15 +163,28 @@ class LeaseLost(EffectflowError):
     code = "lease_lost"
 
 
-class LedgerUnavailable(EffectflowError):
-    """The ledger could not be written, even after retries on fresh connections. Nothing was
-    recorded as failed: the run keeps its lease until it lapses, then any worker or
-    ``rt.recover()`` settles its steps by the decision table."""
+class LedgerError(EffectflowError):
+    """The ledger's database failed a statement: what its driver raised (``sqlite3``, psycopg) is
+    the ``__cause__``. Every ledger error a store raises is one of this family, so callers never
+    catch a driver's exceptions: ``LedgerUnavailable`` when the database was away or could not
+    write (worth retrying), ``LedgerFileError`` when it is not a ledger this effectflow may open,
+    and this class itself for the rest (a statement the database refused: a bug or a schema
+    changed by hand)."""
+
+    code = "ledger_error"
+
+
+class LedgerUnavailable(LedgerError):
+    """The ledger could not be reached or written: a server restarted, a cut connection, a pool
+    with no connection to give, a locked or full SQLite file. A store raises it at once; the
+    runtime retries an outcome's write on fresh connections first. Nothing was recorded as failed:
+    the run keeps its lease until it lapses, then any worker or ``rt.recover()`` settles its steps
+    by the decision table."""
 
     code = "ledger_unavailable"
 
 
-class LedgerFileError(EffectflowError):
+class LedgerFileError(LedgerError):
     """The ledger named is not one this effectflow may open: not an SQLite file, another
     application's database, a schema newer than this effectflow knows, or a read-only file that
     needs an upgrade. Raised before anything is written: the file is left as it was."""

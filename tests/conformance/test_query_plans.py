@@ -2,8 +2,8 @@
 
 The statements are the stores' own: traced from their connections while a real workload runs
 (runs with effects, a person's resolution and approval, a guarded call, recovery, claiming,
-heartbeats, the operator's reads), each with the values it was given; the upserts are the shared
-ones of ``ledger/rowmap.py``. SQLite must answer ``EXPLAIN QUERY PLAN`` with no ``SCAN`` of a table.
+heartbeats, the operator's reads), each with the values it was given; the upserts are the stores'
+named queries (``ledger/queries/``). SQLite must answer ``EXPLAIN QUERY PLAN`` with no ``SCAN`` of a table.
 PostgreSQL must plan it without a ``Seq Scan`` under ``enable_seqscan = off``: the test tables are
 tiny, where a sequential scan is the planner's right choice, so forbidding it is the honest way to ask
 whether a usable index exists at all.
@@ -21,7 +21,6 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 import pytest
 
-from effectflow.ledger import rowmap
 from effectflow.ledger import sqlite as sqlite_backend
 from effectflow.ledger.store import LedgerStore
 
@@ -68,9 +67,7 @@ def test_upserts_resolve_conflicts_through_a_unique_index(
     table: str, backend: Backend, store: LedgerStore
 ) -> None:
     """The step, attempt and effect upserts scan nothing: their conflict target is a unique index."""
-    sql = getattr(rowmap, f"UPSERT_{table.upper().removesuffix('S')}")  # what both stores run
-    if backend.name == "postgres":
-        sql = sql.replace("?", "%s")
+    sql = type(store).SQL[f"upsert_{table.removesuffix('s')}"]  # the store's named query
     params = tuple(None for _ in range(sql.count("?" if backend.name == "sqlite" else "%s")))
     if backend.name == "sqlite":
         path, _ = sqlite_backend.parse_url(backend.url)

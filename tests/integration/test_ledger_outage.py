@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-import psycopg_pool
 import pytest
 
 import effectflow as ef
@@ -246,7 +245,7 @@ def _reachable_again(rt: ef.Runtime, run_id: str) -> None:
         try:
             rt.steps(run_id)
             return
-        except psycopg_pool.PoolTimeout:
+        except ef.LedgerUnavailable:
             continue
 
 

@@ -31,6 +31,7 @@ _STYLES = {
     "awaiting_completion": "blue",
     "cancelling": "blue",
     "pending": "yellow",
+    "awaiting_approval": "yellow",
     "paused": "yellow",
     "unknown": "bold yellow",
     "needs_attention": "bold red",

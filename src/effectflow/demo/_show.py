@@ -40,6 +40,7 @@ _COLOURS = {
     "canceled": "cyan",
     "conflict": "magenta",
     "pending": "yellow",
+    "awaiting_approval": "yellow",
     "paused": "yellow",
     "unknown": "yellow",
     "intent_recorded": "yellow",

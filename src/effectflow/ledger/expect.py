@@ -1,4 +1,5 @@
-"""What a decision was made on, checked in the transaction that records it (DESIGN §9).
+"""What a decision was made on, checked in the transaction that records it
+(docs/concepts.md#peoples-decisions-are-compare-and-swap).
 
 A person's decision (a resolution, an approval, a cancel or compensate request) is taken on the
 version and state the caller read. The batch recording it carries that as ``Expectation`` s; the
@@ -45,15 +46,6 @@ _RECORDS: dict[Subject, type[Any]] = {
 #: Checked fields that are not record fields: ``error_code`` is ``error["code"]`` (of a step or run).
 _DERIVED = {"error_code"}
 
-#: The row each subject reads, by run id and key.
-QUERIES = {
-    Subject.RUN: "SELECT * FROM runs WHERE run_id = ?",
-    Subject.STEP: "SELECT * FROM steps WHERE run_id = ? AND step_id = ?",
-    Subject.EFFECT: "SELECT * FROM effects WHERE run_id = ? AND effect_id = ?",
-    Subject.UNAPPROVED: "SELECT approval_id FROM approvals "
-    "WHERE run_id = ? AND step_id = ? AND request_digest = ? LIMIT 1",
-}
-
 
 @dataclasses.dataclass(frozen=True)
 class Expectation:
@@ -76,7 +68,7 @@ class Expectation:
             )
 
     def params(self, run_id: str) -> tuple[Any, ...]:
-        """The parameters of ``QUERIES[subject]``."""
+        """The parameters of the named query ``expect_<subject>`` (``ledger/queries/``)."""
         if self.subject is Subject.RUN:
             return (run_id,)
         if self.subject is Subject.UNAPPROVED:

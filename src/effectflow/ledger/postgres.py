@@ -15,7 +15,9 @@ sealed). Cast a column to jsonb to query into it (``output_json::jsonb ->> 'id'`
 What a batch writes and what the reads ask is written once for both ledgers (``sql_core``, rows
 mapped by ``rowmap``); this module keeps what is PostgreSQL's own: the pool, pipelined
 transactions, savepoints, locking the shards, claims, leases and notifications, settling a lost
-COMMIT, and the migrations.
+COMMIT, and the migrations. Its statements are the named queries of
+``ledger/queries/postgres.sql``; only transaction control (``BEGIN``, ``SAVEPOINT``, ``LISTEN``)
+and migration 8's rewrite of every JSON column are written here.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import contextlib
 import functools
 import json
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from importlib import resources
 from typing import Any, TypeVar
@@ -37,11 +39,17 @@ from psycopg.rows import TupleRow, dict_row
 
 from effectflow import digests, errors
 from effectflow.ledger import audit as audit_chain
-from effectflow.ledger import records, rowmap
+from effectflow.ledger import queries, records
 from effectflow.ledger.local import LocalTransaction
-from effectflow.ledger.sql_core import SQLCore, SQLReads
+from effectflow.ledger.sql_core import (
+    CHANNEL,
+    SQLCore,
+    ToolRaised,
+    driver_cause,
+    driver_errors,
+)
+from effectflow.ledger.sql_reads import SQLReads
 from effectflow.ledger.store import (
-    Applied,
     Batch,
     parse_durability,
 )
@@ -50,26 +58,19 @@ T = TypeVar("T")
 Row = dict[str, Any]
 Connection = psycopg.Connection[TupleRow]
 
-#: The channel a transaction notifies when it leaves a run for workers; the payload is the run id.
-CHANNEL = "effectflow_runnable"
 #: The advisory lock migrations run under, so processes starting at once apply each one once.
 _MIGRATION_LOCK = int.from_bytes(b"effmigr8", "big") >> 1
-#: Statuses in which a step's key binding must be kept even past retention.
-_UNSETTLED = [
-    str(status)
-    for status in (
-        records.StepStatus.INTENT_RECORDED,
-        records.StepStatus.UNKNOWN,
-        records.StepStatus.NEEDS_ATTENTION,
-        records.StepStatus.NOT_COMMITTED,
-        records.StepStatus.AWAITING_COMPLETION,
-    )
-]
 #: How long settling a lost COMMIT waits for the run's row lock (``checkpoint_committed``).
 _SETTLE_LOCK_TIMEOUT = 5.0
 #: SQLSTATE classes of errors that do not answer a COMMIT: connection exceptions, and operator
 #: intervention (a backend told to terminate may do so right after its commit record is written).
 _NO_ANSWER_CLASSES = ("08", "57")
+#: Driver errors that say the server was away rather than that it refused a statement.
+_TRANSIENT: tuple[type[Exception], ...] = (
+    psycopg.OperationalError,
+    psycopg.InterfaceError,
+    psycopg_pool.PoolTimeout,
+)
 #: URL query options the store reads itself; every other one goes to libpq as is.
 _OWN_OPTIONS = ("pool_max", "pool_timeout", "durability")
 
@@ -98,26 +99,12 @@ def redacted(url: str) -> str:
 
 @functools.lru_cache(maxsize=1024)
 def _pg(sql: str) -> str:
-    """A statement written with ``?`` placeholders, in psycopg's ``%s``."""
+    """A statement written with ``?`` placeholders (``audit``'s reads), in psycopg's ``%s``."""
     return sql.replace("?", "%s")
 
 
-_UPSERT_STEP = _pg(rowmap.UPSERT_STEP)
-_UPSERT_ATTEMPT = _pg(rowmap.UPSERT_ATTEMPT)
-_UPSERT_EFFECT = _pg(rowmap.UPSERT_EFFECT)
-_INSERT_DECISION = _pg(rowmap.INSERT_DECISION)
-_INSERT_APPROVAL = _pg(rowmap.INSERT_APPROVAL)
-_BIND_OPERATION = _pg(rowmap.BIND_OPERATION)
-_INSERT_RUN = _pg(rowmap.INSERT_RUN)
-_INSERT_AUDIT = _pg(rowmap.INSERT_AUDIT)
-_INSERT_SEAL = _pg(audit_chain.INSERT_SEAL)
-_UPDATE_SHARD = _pg(audit_chain.UPDATE_SHARD)
-_USED_SHARDS = _pg(rowmap.USED_SHARDS)
-# Locked in shard order (``audit.shards_of`` sorts them): the rows are locked as the sort yields
-# them.
-_LOCK_SHARDS = (
-    "SELECT shard, n, head FROM audit_shards WHERE shard = ANY(%s) ORDER BY shard FOR UPDATE"
-)
+#: The PostgreSQL ledger's named statements.
+SQL = queries.statements("postgres")
 
 
 @contextmanager
@@ -133,9 +120,10 @@ def _pipeline(conn: Connection) -> Iterator[None]:
             raise
 
 
-def _answered(exc: Exception) -> bool:
+def _answered(exc: BaseException) -> bool:
     """Whether an error raised by a COMMIT is the server's answer to it (then nothing committed),
     rather than the connection going away with the answer unread."""
+    exc = driver_cause(exc)
     state = exc.sqlstate if isinstance(exc, psycopg.Error) else None
     return state is not None and not state.startswith(_NO_ANSWER_CLASSES)
 
@@ -146,7 +134,7 @@ def _one(conn: Connection, sql: str, params: Sequence[Any] = ()) -> Row | None:
         return cur.fetchone()
 
 
-def _rows(conn: Connection, sql: str, params: Sequence[Any] = ()) -> list[Row]:
+def _rows(conn: Connection, sql: str, params: Sequence[Any] | Mapping[str, Any] = ()) -> list[Row]:
     with conn.cursor(row_factory=dict_row) as cur:
         cur.execute(sql, params)
         return cur.fetchall()
@@ -178,6 +166,9 @@ class PostgresStore(SQLCore, SQLReads):
     (``full``, the default, or ``intents``: see ``store.DURABILITY``); the rest go to libpq
     (``sslmode``, ``connect_timeout``, ``application_name``, ...).
     """
+
+    SQL = SQL
+    _MARK = "%s"
 
     def __init__(self, url: str) -> None:
         self.url = url
@@ -212,13 +203,6 @@ class PostgresStore(SQLCore, SQLReads):
         #: Group transactions a process may have in flight at once (the rest of the pool serves
         #: reads and heartbeats).
         self.max_concurrent_writers = max(1, pool_max // 2)
-        #: A restarted server, a cut connection, a pool with no connection to give: worth retrying
-        #: (a broken connection is dropped by the pool, so the retry gets a fresh one).
-        self.transient_errors: tuple[type[Exception], ...] = (
-            psycopg.OperationalError,
-            psycopg.InterfaceError,
-            psycopg_pool.PoolTimeout,
-        )
         #: PostgreSQL already flushes the WAL of concurrent commits together; grouping batches in
         #: the client on top measured slower here (BENCHMARKS.md), so it is off unless asked for.
         self.group_commit_default = False
@@ -227,7 +211,8 @@ class PostgresStore(SQLCore, SQLReads):
         self._name: dict[str, Any] = {} if named else {"application_name": "effectflow"}
         # Connect once before the pool does, so an unreachable server fails here with libpq's own
         # message rather than as a pool timeout half a minute later.
-        psycopg.connect(conninfo, **self._name).close()
+        with self._edge():
+            psycopg.connect(conninfo, **self._name).close()
         self._pool: psycopg_pool.ConnectionPool[Connection] = psycopg_pool.ConnectionPool(
             conninfo,
             min_size=1,
@@ -249,6 +234,12 @@ class PostgresStore(SQLCore, SQLReads):
             self._pool.close()
             raise
 
+    def _edge(self) -> contextlib.AbstractContextManager[None]:
+        """Where psycopg's exceptions become the ledger's: a restarted server, a cut connection, a
+        pool with no connection to give are ``LedgerUnavailable``, worth retrying (the pool drops a
+        broken connection, so a retry gets a fresh one); any other is ``LedgerError``."""
+        return driver_errors(redacted(self.url), _TRANSIENT, psycopg.Error)
+
     def bound_waits(self, seconds: float) -> None:
         """A call waits for a pooled connection at most ``seconds`` (and never past
         ``pool_timeout``)."""
@@ -260,12 +251,9 @@ class PostgresStore(SQLCore, SQLReads):
         """Apply the migrations this database has not seen; returns the versions applied."""
         applied: list[int] = []
         with self._transaction() as conn:
-            conn.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATION_LOCK,))
-            conn.execute(
-                "CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY, "
-                "name TEXT NOT NULL, applied_at DOUBLE PRECISION NOT NULL)"
-            )
-            done = {row[0] for row in conn.execute("SELECT version FROM schema_migrations")}
+            conn.execute(SQL["migration_lock"], (_MIGRATION_LOCK,))
+            conn.execute(SQL["create_migrations_table"])
+            done = {row[0] for row in conn.execute(SQL["applied_migrations"])}
             known = migrations()[-1][0]
             if done and max(done) > known:
                 import effectflow
@@ -278,27 +266,24 @@ class PostgresStore(SQLCore, SQLReads):
             for version, name, sql in migrations():
                 if version in done:
                     continue
-                conn.execute(sql)  # no parameters: psycopg sends the whole script at once
+                if _has_statements(sql):
+                    conn.execute(sql)  # no parameters: psycopg sends the whole script at once
                 if version in _AFTER_MIGRATION:
                     _AFTER_MIGRATION[version](conn)
-                conn.execute(
-                    "INSERT INTO schema_migrations (version, name, applied_at) "
-                    "VALUES (%s, %s, extract(epoch FROM clock_timestamp()))",
-                    (version, name),
-                )
+                self._after_migration(conn, version)
+                conn.execute(SQL["record_migration"], (version, name))
                 applied.append(version)
         return applied
 
     def schema_version(self) -> int:
         """The newest migration applied to this database."""
-        with self._pool.connection() as conn:
-            row = conn.execute("SELECT max(version) FROM schema_migrations").fetchone()
-        return int(row[0] or 0) if row else 0
+        rows = self._statement(SQL["schema_version"])
+        return int(rows[0]["max"] or 0) if rows else 0
 
     @contextmanager
     def _transaction(self) -> Iterator[Connection]:
         """A transaction on a pooled connection, one statement after the other."""
-        with self._pool.connection() as conn, conn.transaction():
+        with self._edge(), self._pool.connection() as conn, conn.transaction():
             yield conn
 
     @contextmanager
@@ -310,32 +295,24 @@ class PostgresStore(SQLCore, SQLReads):
         BEGIN and COMMIT are plain statements here because psycopg's transaction blocks sync the
         pipeline on their own; on an error the pool's connection block rolls back.
         """
-        with self._pool.connection() as conn, _pipeline(conn):
+        with self._edge(), self._pool.connection() as conn, _pipeline(conn):
             conn.execute("BEGIN")
             if deferrable and self.durability == "intents":
-                # An asynchronous commit: PostgreSQL's WAL is one sequence, so the next
-                # synchronous commit's flush makes this one durable too.
-                conn.execute("SET LOCAL synchronous_commit TO off")
+                conn.execute(SQL["async_commit"])
             yield conn
             conn.execute("COMMIT")
 
-    def _statement(self, sql: str, params: Sequence[Any] = ()) -> list[Row]:
+    def _statement(self, sql: str, params: Sequence[Any] | Mapping[str, Any] = ()) -> list[Row]:
         """One statement in its own (implicit) transaction: one round trip (or in this thread's
         ``audit_snapshot``)."""
         snapshot: Connection | None = getattr(self._snapshot, "conn", None)
-        if snapshot is not None:
-            return _rows(snapshot, sql, params)
-        with self._pool.connection() as conn:
-            return _rows(conn, sql, params)
+        with self._edge():
+            if snapshot is not None:
+                return _rows(snapshot, sql, params)
+            with self._pool.connection() as conn:
+                return _rows(conn, sql, params)
 
     # -- writes ---------------------------------------------------------------------------------
-
-    def apply(self, batch: Batch, *, lease_ttl: float, now: float) -> dict[str, Any] | None:
-        """Commit one batch in one transaction (see ``LedgerStore.apply``)."""
-        with self._batch(deferrable=batch.deferrable) as conn:
-            control, seal = self._apply_txn(conn, batch, lease_ttl=lease_ttl, now=now)
-            self._seal_txn(conn, [seal] if seal else [])
-            return control
 
     def apply_with(
         self,
@@ -359,7 +336,10 @@ class PostgresStore(SQLCore, SQLReads):
                 tx = LocalTransaction(
                     _ToolConnection(conn), backend="postgresql", paramstyle="format"
                 )
-                value = work(tx)
+                try:
+                    value = work(tx)
+                except Exception as exc:
+                    raise ToolRaised(exc) from exc  # the tool's own, not the ledger's
                 batch = finish(value)
                 with _pipeline(conn):
                     control, seal = self._apply_txn(conn, batch, lease_ttl=lease_ttl, now=now)
@@ -368,22 +348,24 @@ class PostgresStore(SQLCore, SQLReads):
         except Exception as exc:
             if batch is None or not written or _answered(exc):
                 raise
+            cause = driver_cause(exc)
             raise errors.CommitInDoubt(
                 f"run {batch.run_id}: the COMMIT of a local transaction got no answer "
-                f"({' '.join(str(exc).split())}); it may have committed",
+                f"({' '.join(str(cause).split())}); it may have committed",
                 run_id=batch.run_id,
-            ) from exc
+            ) from cause
         return value, control
 
     def checkpoint_committed(self, run_id: str, attempt_id: str) -> bool:
         """Read the checkpoint's attempt row on a new connection, after the run's row lock (see
         ``LedgerStore.checkpoint_committed``)."""
-        with psycopg.connect(self._conninfo, connect_timeout=10, **self._name) as conn:
+        with (
+            self._edge(),
+            psycopg.connect(self._conninfo, connect_timeout=10, **self._name) as conn,
+        ):
             try:
-                # The checkpoint's fence updated the run's row: its lock is held until that
-                # transaction ends, so once it is ours no COMMIT of it can still arrive.
-                conn.execute(f"SET LOCAL lock_timeout = '{int(_SETTLE_LOCK_TIMEOUT * 1000)}ms'")
-                conn.execute("SELECT 1 FROM runs WHERE run_id = %s FOR UPDATE", (run_id,))
+                conn.execute(SQL["settle_lock_timeout"], (f"{int(_SETTLE_LOCK_TIMEOUT * 1000)}ms",))
+                conn.execute(SQL["settle_lock_run"], (run_id,))
             except psycopg.errors.LockNotAvailable as exc:
                 raise errors.CommitInDoubt(
                     f"run {run_id}: a transaction holding the run stayed open for "
@@ -391,48 +373,9 @@ class PostgresStore(SQLCore, SQLReads):
                     "may still commit",
                     run_id=run_id,
                 ) from exc
-            row = conn.execute(
-                "SELECT outcome FROM attempts WHERE run_id = %s AND attempt_id = %s",
-                (run_id, attempt_id),
-            ).fetchone()
+            row = conn.execute(SQL["checkpoint_outcome"], (run_id, attempt_id)).fetchone()
             conn.rollback()
         return row is not None and row[0] == records.Outcome.COMMITTED.value
-
-    def apply_many(
-        self, batches: Sequence[Batch], *, lease_ttl: float, now: float
-    ) -> list[Applied]:
-        """Group commit: every batch in one transaction, each inside a savepoint so one refused
-        batch does not sink the others."""
-        results: list[Applied | None] = [None] * len(batches)
-        # Runs are locked in run-id order (as heartbeats lock them), so two transactions sharing
-        # runs cannot deadlock; the sort is stable, so batches of one run keep their order.
-        order = sorted(range(len(batches)), key=lambda i: batches[i].run_id)
-        seals: list[list[Any]] = []
-        with self._batch(deferrable=all(b.deferrable for b in batches)) as conn:
-            for i in order:
-                conn.execute("SAVEPOINT batch")
-                try:
-                    control, seal = self._apply_txn(conn, batches[i], lease_ttl=lease_ttl, now=now)
-                except (
-                    errors.LeaseLost,
-                    errors.IdempotencyConflict,
-                    errors.RunNotFound,
-                    errors.StaleState,
-                ) as exc:
-                    # A nested pipeline block syncs when it ends, so psycopg reads the ROLLBACK's
-                    # result now: reading it, psycopg forgets the statements it prepared (and
-                    # deallocates them). Read later, after the next batch's statements were queued
-                    # under those names, they fail with "prepared statement does not exist".
-                    with conn.pipeline():
-                        conn.execute("ROLLBACK TO SAVEPOINT batch")
-                    results[i] = Applied(error=exc)
-                else:
-                    results[i] = Applied(control=control)
-                    if seal:
-                        seals.append(seal)
-                conn.execute("RELEASE SAVEPOINT batch")
-            self._seal_txn(conn, seals)
-        return [r for r in results if r is not None]
 
     def _seal_txn(self, conn: Connection, seals: list[list[Any]]) -> None:
         """Append the transaction's seals, each chained into its shard (see ``audit``). Last in the
@@ -441,50 +384,20 @@ class PostgresStore(SQLCore, SQLReads):
         if not seals:
             return
         shards = audit_chain.shards_of(seals)
-        locked = _rows(conn, _LOCK_SHARDS, (shards,))
+        locked = _rows(conn, SQL["read_shards"], (shards,))
         heads = audit_chain.shard_heads_read(
             shards, [(r["shard"], r["n"], r["head"]) for r in locked]
         )
         rows, moved = audit_chain.chain_shards(seals, heads, self.audit_key)
         if audit_chain.first_uses(heads, shards):
-            # The index row last (every transaction takes it after its shards): it serializes the
-            # first uses, and each then reads the others' committed ones.
-            _rows(
-                conn, "SELECT n FROM audit_shards WHERE shard = %s FOR UPDATE", (audit_chain.INDEX,)
-            )
-            used = _rows(conn, "SELECT shard FROM audit_shards WHERE n > 0 AND shard <> %s",
-                         (audit_chain.INDEX,))  # fmt: skip
+            _rows(conn, SQL["lock_index"], (audit_chain.INDEX,))
+            used = _rows(conn, SQL["used_shards"], (audit_chain.INDEX,))
             moved.append(
                 audit_chain.index_row([*(r["shard"] for r in used), *shards], self.audit_key)
             )
         with conn.cursor() as cur:
-            cur.executemany(_INSERT_SEAL, rows)
-            cur.executemany(_UPDATE_SHARD, moved)
-
-    def claim_runnable(
-        self,
-        *,
-        owner: str,
-        ttl: float,
-        now: float,
-        limit: int,
-        dead_owners: Sequence[str] = (),
-    ) -> list[records.RunRecord]:
-        """Lease runnable runs; rows another claimer is taking are skipped, never waited for."""
-        dead = list(dict.fromkeys(dead_owners))
-        or_dead = " OR lease_owner = ANY(%s::text[])" if dead else ""
-        rows = self._statement(
-            "WITH picked AS (SELECT run_id FROM runs "
-            "WHERE status IN ('running', 'cancelling') "
-            f"AND (lease_expires_at IS NULL OR lease_expires_at < %s{or_dead}) "
-            "ORDER BY created_at, insert_seq LIMIT %s FOR UPDATE SKIP LOCKED) "
-            "UPDATE runs SET lease_owner = %s, lease_token = runs.lease_token + 1, "
-            "lease_expires_at = %s FROM picked WHERE runs.run_id = picked.run_id "
-            "RETURNING runs.*",
-            (now, *([dead] if dead else []), limit, owner, now + ttl),
-        )
-        rows.sort(key=lambda r: (r["created_at"], r["insert_seq"]))
-        return [rowmap.run(r) for r in rows]
+            cur.executemany(SQL["insert_seal"], rows)
+            cur.executemany(SQL["update_shard"], moved)
 
     def heartbeat(self, leases: Sequence[tuple[str, int]], *, ttl: float, now: float) -> list[str]:
         """Extend held leases in one statement; report the lost ones.
@@ -497,13 +410,7 @@ class PostgresStore(SQLCore, SQLReads):
         held = {
             (row["run_id"], row["lease_token"])
             for row in self._statement(
-                "WITH held AS (SELECT runs.run_id FROM runs "
-                "JOIN unnest(%s::text[], %s::bigint[]) AS lease (run_id, token) "
-                "ON runs.run_id = lease.run_id AND runs.lease_token = lease.token "
-                'ORDER BY runs.run_id COLLATE "C" FOR UPDATE OF runs) '
-                "UPDATE runs SET lease_expires_at = %s FROM held "
-                "WHERE runs.run_id = held.run_id RETURNING runs.run_id, runs.lease_token",
-                ([r for r, _ in leases], [t for _, t in leases], now + ttl),
+                SQL["heartbeat"], ([r for r, _ in leases], [t for _, t in leases], now + ttl)
             )
         }
         return [run_id for run_id, token in leases if (run_id, token) not in held]
@@ -520,12 +427,13 @@ class PostgresStore(SQLCore, SQLReads):
             return
         try:
             if self._listener is None:
-                listener = psycopg.connect(self._conninfo, autocommit=True, **self._name)
-                try:
-                    listener.execute(f"LISTEN {CHANNEL}")
-                except BaseException:
-                    listener.close()
-                    raise
+                with self._edge():
+                    listener = psycopg.connect(self._conninfo, autocommit=True, **self._name)
+                    try:
+                        listener.execute(f"LISTEN {CHANNEL}")
+                    except BaseException:
+                        listener.close()
+                        raise
                 self._listener = listener
             try:
                 for _ in self._listener.notifies(timeout=timeout, stop_after=1):
@@ -543,76 +451,75 @@ class PostgresStore(SQLCore, SQLReads):
 
     # -- the shared write path's hooks (``sql_core``) -------------------------------------------
 
-    #: An unfenced batch locks its run's row (a fenced one has, by its UPDATE).
-    _LOCK_RUN = " FOR UPDATE"
-
     def _one(self, conn: Connection, sql: str, params: Sequence[Any]) -> Row | None:
         """Run ``sql`` and read its first row: a round trip (the pipeline syncs)."""
-        return _one(conn, _pg(sql), params)
+        return _one(conn, sql, params)
 
     def _exec(self, conn: Connection, sql: str, params: Sequence[Any]) -> None:
         """Queue ``sql``: in the pipeline it travels with the next statement that is read."""
-        conn.execute(_pg(sql), params)
+        conn.execute(sql, params)
 
     def _many(self, conn: Connection, sql: str, rows: Sequence[Sequence[Any]]) -> None:
         """Queue ``sql`` once per row."""
         with conn.cursor() as cur:
-            cur.executemany(_pg(sql), rows)
+            cur.executemany(sql, rows)
+
+    def _rows(self, conn: Connection, sql: str, params: Sequence[Any]) -> list[Row]:
+        """Run ``sql`` and read all its rows."""
+        return _rows(conn, sql, params)
+
+    #: Runs are locked in run-id order (as heartbeats lock them), so two group transactions
+    #: sharing runs cannot deadlock.
+    _ORDER_BY_RUN = True
+    #: Runs created at the same moment are claimed in their insertion order.
+    _TIE_COLUMNS = ("insert_seq",)
+
+    def _batch_txn(
+        self, *, deferrable: bool = False
+    ) -> contextlib.AbstractContextManager[Connection]:
+        """A pipelined transaction (see ``_batch``)."""
+        return self._batch(deferrable=deferrable)
+
+    def _plain_txn(self) -> contextlib.AbstractContextManager[Connection]:
+        """A transaction whose statements run one by one."""
+        return self._transaction()
+
+    def _write_rows(self, sql: str, params: Sequence[Any] | Mapping[str, Any]) -> list[Row]:
+        """One statement in its own (implicit) transaction: one round trip."""
+        return self._statement(sql, params)
+
+    def _in_named(
+        self, column: str, name: str, values: Sequence[Any]
+    ) -> tuple[str, dict[str, Any]]:
+        """``column = ANY(%(name)s)``: one array parameter."""
+        return f"{column} = ANY(%({name})s::text[])", {name: list(values)}
+
+    def _rollback_savepoint(self, conn: Connection) -> None:
+        """Undo one refused batch of a group. A nested pipeline block syncs when it ends, so
+        psycopg reads the ROLLBACK's result now: reading it, psycopg forgets the statements it
+        prepared (and deallocates them). Read later, after the next batch's statements were queued
+        under those names, they would fail with "prepared statement does not exist"."""
+        with conn.pipeline():
+            conn.execute("ROLLBACK TO SAVEPOINT batch")
 
     def _wrote(self, conn: Connection, batch: Batch, changes: dict[str, Any]) -> None:
         """A run created for workers, or handed back to them, wakes the ones waiting."""
         if batch.new_run is not None or "status" in changes or "lease_owner" in changes:
-            conn.execute(
-                "SELECT pg_notify(%s, run_id) FROM runs WHERE run_id = %s "
-                "AND status IN ('running', 'cancelling') AND lease_owner IS NULL",
-                (CHANNEL, batch.run_id),
-            )
+            conn.execute(SQL["notify_runnable"], (CHANNEL, batch.run_id))
 
-    def claim(
-        self, run_id: str, *, owner: str, expected_token: int, ttl: float, now: float
-    ) -> records.RunRecord | None:
-        """Take the lease by compare-and-swap on the token (see ``LedgerStore.claim``)."""
-        rows = self._statement(
-            "UPDATE runs SET lease_owner = %s, lease_token = lease_token + 1, "
-            "lease_expires_at = %s WHERE run_id = %s AND lease_token = %s RETURNING *",
-            (owner, now + ttl, run_id, expected_token),
-        )
-        return rowmap.run(rows[0]) if rows else None
-
-    def release(self, run_id: str, *, token: int) -> None:
-        """Give the lease up; a run still to execute is announced to waiting workers."""
-        self._statement(
-            "WITH released AS (UPDATE runs SET lease_owner = NULL, lease_expires_at = NULL "
-            "WHERE run_id = %s AND lease_token = %s RETURNING run_id, status) "
-            "SELECT pg_notify(%s, run_id) FROM released WHERE status IN ('running', 'cancelling')",
-            (run_id, token, CHANNEL),
-        )
-
-    def purge_expired_keys(self, *, now: float) -> int:
-        """Drop bindings past retention whose step is settled, each leaving a hashed purge record
-        (``purged_keys``) that ``verify`` accepts as why a sealed binding is gone."""
-        with self._transaction() as conn:
-            purged = conn.execute(
-                "DELETE FROM operations WHERE key_expires_at < %s AND NOT EXISTS ("
-                "SELECT 1 FROM steps s WHERE s.run_id = operations.run_id "
-                "AND s.step_id = operations.step_id AND s.status = ANY(%s::text[])) "
-                "RETURNING tenant, logical_operation_id, run_id, key_expires_at",
-                (now, _UNSETTLED),
-            ).fetchall()
-            records_ = audit_chain.tombstones([tuple(r) for r in purged], now, self.audit_key)
-            if records_:
-                with conn.cursor() as cur:
-                    cur.executemany(_pg(audit_chain.INSERT_TOMBSTONE), records_)
-            return len(purged)
-
-    # -- reads (the rest are ``sql_core.SQLReads``) ----------------------------------------------
-
-    #: Rows created at the same moment are ordered by their insertion.
-    _TIE = "insert_seq"
+    # -- reads (the rest are ``sql_reads.SQLReads``) ---------------------------------------------
 
     def _read(self, sql: str, params: Sequence[Any]) -> list[Any]:
         """Run a read-only statement (the reads of ``sql_core``): one round trip."""
-        return self._statement(_pg(sql), params)
+        return self._statement(sql, params)
+
+    def _in(self, column: str, values: Sequence[Any]) -> tuple[str, list[Any]]:
+        """``column = ANY(%s)``: one array parameter, one statement text for any length."""
+        return f"{column} = ANY(%s::text[])", [list(values)]
+
+    def _qmark(self, sql: str) -> str:
+        """``audit``'s ``?`` placeholders as psycopg's ``%s``."""
+        return _pg(sql)
 
     @contextmanager
     def audit_snapshot(self) -> Iterator[None]:
@@ -622,7 +529,7 @@ class PostgresStore(SQLCore, SQLReads):
         if getattr(self._snapshot, "conn", None) is not None:
             yield
             return
-        with self._pool.connection() as conn:
+        with self._edge(), self._pool.connection() as conn:
             conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
             self._snapshot.conn = conn
             try:
@@ -636,11 +543,11 @@ class PostgresStore(SQLCore, SQLReads):
     ) -> Iterator[dict[str, Any]]:
         """The rows of a read-only query, fetched ``size`` at a time (a server-side cursor), in
         this thread's snapshot: what ``verify`` reads of every seal, in bounded memory."""
-        with self.audit_snapshot():
+        with self.audit_snapshot(), self._edge():
             conn: Connection = self._snapshot.conn
             with conn.cursor(name="effectflow_audit_stream", row_factory=dict_row) as cur:
                 cur.itersize = size
-                cur.execute(sql.replace("?", "%s"), params)
+                cur.execute(_pg(sql), params)
                 yield from cur
 
     def close(self) -> None:
@@ -689,6 +596,12 @@ def _canonical_json_columns(conn: Connection) -> None:
                         cur.executemany(
                             f"UPDATE {table} SET {assignments} WHERE ctid = %s::tid", fixed
                         )
+
+
+def _has_statements(sql: str) -> bool:
+    """Whether a migration's script holds a statement, not only comments (version 9's work is
+    all in Python: ``SQLCore._after_migration``)."""
+    return any(line.strip() and not line.strip().startswith("--") for line in sql.splitlines())
 
 
 #: Python that a migration needs after its SQL, in its transaction.

@@ -74,6 +74,10 @@ class StepStatus(enum.StrEnum):
 
     #: Known to the workflow, not started.
     PENDING = "pending"
+    #: Waits for a person's approval (``rt.approve`` / ``rt.reject``) before its call: nothing
+    #: was sent. Its run is paused. (Ledger version 9; before it, ``pending`` with the error code
+    #: ``approval_required``, which migration 9 rewrites as a sealed write of its own.)
+    AWAITING_APPROVAL = "awaiting_approval"
     #: The intent is durable; the call may be in flight.
     INTENT_RECORDED = "intent_recorded"
     #: The effect happened and is recorded with its evidence.
@@ -450,7 +454,7 @@ class ApprovalRecord:
 
 @dataclasses.dataclass(frozen=True)
 class Inventory:
-    """What a cancel (or an abandoned goal) left in the world, by effect id (DESIGN §5)."""
+    """What a cancel (or an abandoned goal) left in the world, by effect id (docs/concepts.md#cancel)."""
 
     #: The run.
     run_id: str

@@ -4,6 +4,8 @@ Each record maps to a table whose columns are its fields; a JSON field lives in 
 column holding the canonical JSON text the write path printed (TEXT on SQLite and, since ledger
 version 8, on PostgreSQL too), so a record reads back exactly as it was written on either backend.
 A row is anything that reads by column name: an ``sqlite3.Row``, a psycopg dict row, a dict.
+The statements that write and read them are the named queries of ``ledger/queries/``; their
+column lists follow the records' fields in order (``tests/conformance/test_queries.py``).
 """
 
 from __future__ import annotations
@@ -49,19 +51,6 @@ DECISION_FIELDS = fields(DecisionRecord)
 APPROVAL_FIELDS = fields(records.ApprovalRecord)
 OPERATION_FIELDS = fields(OperationBinding)
 RUN_COLUMNS = [column(f) for f in RUN_FIELDS]
-
-#: What a batch reads of its run's row: the chains' heads, the control request, and the changing
-#: fields its seal covers (not the input, however large: it is sealed once, at the creation).
-HEAD = ", ".join(
-    [
-        "audit_head",
-        "audit_count",
-        "seal_head",
-        "seal_count",
-        "control_json",
-        *(column(f) for f in audit.RUN_STATE),
-    ]
-)
 
 
 def dumps(value: Any) -> str | None:
@@ -163,67 +152,3 @@ EXPECTED_ROW: dict[expect.Subject, Callable[[Row], Any]] = {
     expect.Subject.EFFECT: effect,
     expect.Subject.UNAPPROVED: lambda row: row["approval_id"],
 }
-
-
-def insert_sql(table: str, names: list[str], mark: str = "?") -> str:
-    """``INSERT INTO table (columns) VALUES (marks)`` for a record's fields."""
-    cols = [column(f) for f in names]
-    return f"INSERT INTO {table} ({', '.join(cols)}) VALUES ({', '.join(mark for _ in cols)})"
-
-
-def upsert_sql(
-    table: str,
-    names: list[str],
-    keys: tuple[str, ...],
-    fixed: tuple[str, ...] = (),
-    mark: str = "?",
-) -> str:
-    """An insert that updates the row its ``keys`` find. ``fixed``: indexed columns a record
-    never changes after its insert, left out of the SET list (SQLite rewrites the entries of
-    every index whose columns the SET list names, changed or not: each outcome commit spares
-    those index pages)."""
-    updates = ", ".join(
-        f"{c} = excluded.{c}" for c in map(column, names) if c not in keys and c not in fixed
-    )
-    return (
-        f"{insert_sql(table, names, mark)} ON CONFLICT ({', '.join(keys)}) DO UPDATE SET {updates}"
-    )
-
-
-# -- the write path's statements (``?`` placeholders; PostgreSQL swaps in ``%s``) -------------------
-
-UPSERT_STEP = upsert_sql("steps", STEP_FIELDS, ("run_id", "step_id"))
-UPSERT_ATTEMPT = upsert_sql(
-    "attempts", ATTEMPT_FIELDS, ("attempt_id",), fixed=("run_id", "step_id", "number")
-)
-UPSERT_EFFECT = upsert_sql(
-    "effects",
-    EFFECT_FIELDS,
-    ("effect_id",),
-    fixed=("run_id", "step_id", "created_at", "compensates"),
-)
-# A run id taken already inserts nothing and returns no row: the batch is refused on its own
-# (IdempotencyConflict), not the group transaction it shares with other runs' batches.
-INSERT_RUN = (
-    f"INSERT INTO runs ({', '.join(RUN_COLUMNS)}, audit_head, audit_count) "
-    f"VALUES ({', '.join('?' for _ in RUN_COLUMNS)}, ?, 0) "
-    f"ON CONFLICT (run_id) DO NOTHING RETURNING {HEAD}"
-)
-INSERT_AUDIT = (
-    "INSERT INTO audit (run_id, step_id, effect_id, kind, actor, detail_json, at, prev_hash, hash) "
-    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
-)
-#: The shards that hold seals (for the index row, ``audit.INDEX``).
-USED_SHARDS = "SELECT shard FROM audit_shards WHERE n > 0 AND shard <> ?"
-# A decision or approval id taken already (by a concurrent decision too: the insert waits for it)
-# inserts nothing and returns no row: the batch is refused with IdempotencyConflict, never with
-# the driver's unique violation.
-INSERT_DECISION = (
-    insert_sql("decisions", DECISION_FIELDS) + " ON CONFLICT DO NOTHING RETURNING decision_id"
-)
-INSERT_APPROVAL = (
-    insert_sql("approvals", APPROVAL_FIELDS) + " ON CONFLICT DO NOTHING RETURNING approval_id"
-)
-BIND_OPERATION = (
-    insert_sql("operations", OPERATION_FIELDS) + " ON CONFLICT DO NOTHING RETURNING tenant"
-)

@@ -9,22 +9,35 @@ bindings, decisions and approvals inserted (a taken id refuses the batch on its 
 the run's head, its seal made, and the run's row updated. The seal itself is appended by the
 backend once every batch of the transaction is written (``audit.chain_shards``).
 
-A backend supplies four hooks, each taking statements with ``?`` placeholders: ``_one`` (run, read
-one row), ``_exec`` (run, nothing to read: PostgreSQL's pipeline sends it with the next round
+Every statement is a named query of the backend's dialect (``SQL``, from
+``ledger/queries/<dialect>.sql``), so what differs between the dialects (placeholders, ``FOR
+UPDATE``, tie-breakers) is in their files, not here. A backend supplies four hooks: ``_one`` (run,
+read one row), ``_exec`` (run, nothing to read: PostgreSQL's pipeline sends it with the next round
 trip), ``_many`` (one statement over many rows), and ``_wrote`` (after a batch: PostgreSQL's
-NOTIFY). ``_LOCK_RUN`` is what locks a run's row for a batch without a fence.
+NOTIFY); and ``_MARK``, its placeholder, for the few statements whose terms only the call knows.
 """
 
 from __future__ import annotations
 
 import abc
-from collections.abc import Sequence
-from typing import Any
+import dataclasses
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager, contextmanager
+from typing import Any, ClassVar
 
 from effectflow import digests, errors
 from effectflow.ledger import audit as audit_chain
 from effectflow.ledger import expect, records, rowmap
-from effectflow.ledger.store import AuditProblem, Batch, DecisionRecord, OperationBinding
+from effectflow.ledger.store import (
+    Applied,
+    Batch,
+    OperationBinding,
+)
+
+#: The channel a transaction that leaves a run for workers announces it on (PostgreSQL's
+#: ``NOTIFY``; SQLite's workers poll); the payload is the run id.
+CHANNEL = "effectflow_runnable"
 
 
 class SQLCore(abc.ABC):
@@ -32,8 +45,10 @@ class SQLCore(abc.ABC):
 
     #: The operator's audit key (None: unkeyed); set by the backend.
     audit_key: bytes | None
-    #: What locks a run's row for a batch without a fence, after ``SELECT ... WHERE run_id = ?``.
-    _LOCK_RUN = ""
+    #: The dialect's named statements (``queries.statements``).
+    SQL: ClassVar[Mapping[str, str]]
+    #: The dialect's placeholder.
+    _MARK: ClassVar[str]
 
     # -- the backend's hooks ------------------------------------------------------------------
 
@@ -53,6 +68,189 @@ class SQLCore(abc.ABC):
     def _wrote(self, conn: Any, batch: Batch, changes: dict[str, Any]) -> None:
         """After a batch's writes, in its transaction (PostgreSQL wakes waiting workers)."""
 
+    @abc.abstractmethod
+    def _rows(self, conn: Any, sql: str, params: Sequence[Any]) -> Sequence[rowmap.Row]:
+        """Run ``sql`` and read all its rows."""
+
+    @abc.abstractmethod
+    def _seal_txn(self, conn: Any, seals: list[list[Any]]) -> None:
+        """Append a transaction's seals, each chained into its shard (last in the transaction)."""
+
+    @abc.abstractmethod
+    def _batch_txn(self, *, deferrable: bool = False) -> AbstractContextManager[Any]:
+        """The transaction a batch (or a group of them) is applied in: SQLite's ``BEGIN
+        IMMEDIATE`` (``deferrable``: its outcome may commit at NORMAL), PostgreSQL's pipelined
+        transaction (``deferrable``: an asynchronous commit); its connection."""
+
+    @abc.abstractmethod
+    def _plain_txn(self) -> AbstractContextManager[Any]:
+        """A transaction whose statements run one after the other (no pipeline)."""
+
+    @abc.abstractmethod
+    def _write_rows(self, sql: str, params: Sequence[Any] | Mapping[str, Any]) -> Sequence[Any]:
+        """One writing statement in a transaction of its own; its rows."""
+
+    @abc.abstractmethod
+    def _in_named(
+        self, column: str, name: str, values: Sequence[Any]
+    ) -> tuple[str, dict[str, Any]]:
+        """The term ``column`` is one of ``values``, with named parameters under ``name``."""
+
+    #: Group commit locks runs in run-id order (PostgreSQL: two transactions sharing runs cannot
+    #: deadlock); SQLite's one writer needs no order.
+    _ORDER_BY_RUN: ClassVar[bool] = False
+    #: The columns that order claimed runs created at the same moment, after ``created_at``.
+    _TIE_COLUMNS: ClassVar[tuple[str, ...]] = ()
+
+    def _savepoint(self, conn: Any) -> None:
+        """Open the savepoint one batch of a group runs in."""
+        conn.execute("SAVEPOINT batch")
+
+    def _rollback_savepoint(self, conn: Any) -> None:
+        """Undo what one refused batch of a group wrote."""
+        conn.execute("ROLLBACK TO SAVEPOINT batch")
+
+    # -- transactions -------------------------------------------------------------------------
+
+    def apply(self, batch: Batch, *, lease_ttl: float, now: float) -> dict[str, Any] | None:
+        """Commit one batch in one transaction (see ``LedgerStore.apply``)."""
+        with self._batch_txn(deferrable=batch.deferrable) as conn:
+            control, seal = self._apply_txn(conn, batch, lease_ttl=lease_ttl, now=now)
+            self._seal_txn(conn, [seal] if seal else [])
+            return control
+
+    def apply_many(
+        self, batches: Sequence[Batch], *, lease_ttl: float, now: float
+    ) -> list[Applied]:
+        """Group commit: every batch in one transaction, each inside a savepoint so one refused
+        batch does not sink the others; the seals are appended last."""
+        results: list[Applied | None] = [None] * len(batches)
+        order = list(range(len(batches)))
+        if self._ORDER_BY_RUN:
+            # Stable: batches of one run keep their order.
+            order.sort(key=lambda i: batches[i].run_id)
+        seals: list[list[Any]] = []
+        with self._batch_txn(deferrable=all(b.deferrable for b in batches)) as conn:
+            for i in order:
+                self._savepoint(conn)
+                try:
+                    control, seal = self._apply_txn(conn, batches[i], lease_ttl=lease_ttl, now=now)
+                except (
+                    errors.LeaseLost,
+                    errors.IdempotencyConflict,
+                    errors.RunNotFound,
+                    errors.StaleState,
+                ) as exc:
+                    self._rollback_savepoint(conn)
+                    results[i] = Applied(error=exc)
+                else:
+                    results[i] = Applied(control=control)
+                    if seal:
+                        seals.append(seal)
+                conn.execute("RELEASE SAVEPOINT batch")
+            self._seal_txn(conn, seals)
+        return [r for r in results if r is not None]
+
+    # -- leases -------------------------------------------------------------------------------
+
+    def claim_runnable(
+        self,
+        *,
+        owner: str,
+        ttl: float,
+        now: float,
+        limit: int,
+        dead_owners: Sequence[str] = (),
+    ) -> list[records.RunRecord]:
+        """Lease the oldest runnable runs, and those a dead owner held (see
+        ``LedgerStore.claim_runnable``); rows another claimer is taking are never taken twice
+        (SQLite: one writer; PostgreSQL: ``FOR UPDATE SKIP LOCKED``)."""
+        params: dict[str, Any] = {"owner": owner, "expires": now + ttl, "now": now, "limit": limit}
+        or_dead = ""
+        dead = list(dict.fromkeys(dead_owners))
+        if dead:
+            term, named = self._in_named("lease_owner", "dead", dead)
+            or_dead = f" OR {term}"
+            params.update(named)
+        rows = list(self._write_rows(self.SQL["claim_runnable"].format(or_dead=or_dead), params))
+        rows.sort(key=lambda r: (r["created_at"], *(r[c] for c in self._TIE_COLUMNS)))
+        return [rowmap.run(r) for r in rows]
+
+    def claim(
+        self, run_id: str, *, owner: str, expected_token: int, ttl: float, now: float
+    ) -> records.RunRecord | None:
+        """Take the lease by compare-and-swap on the token (see ``LedgerStore.claim``)."""
+        rows = self._write_rows(self.SQL["claim"], (owner, now + ttl, run_id, expected_token))
+        return rowmap.run(rows[0]) if rows else None
+
+    def release(self, run_id: str, *, token: int) -> None:
+        """Give the lease up (PostgreSQL announces a run still to execute to waiting workers)."""
+        self._write_rows(
+            self.SQL["release"], {"run_id": run_id, "token": token, "channel": CHANNEL}
+        )
+
+    def purge_expired_keys(self, *, now: float) -> int:
+        """Drop bindings past retention whose step is settled, each leaving a hashed purge record
+        (``purged_keys``) that ``verify`` accepts as why a sealed binding is gone."""
+        with self._plain_txn() as conn:
+            purged = self._rows(conn, self.SQL["purge_expired_keys"], (now,))
+            gone = [
+                (r["tenant"], r["logical_operation_id"], r["run_id"], r["key_expires_at"])
+                for r in purged
+            ]
+            kept = audit_chain.tombstones(gone, now, self.audit_key)
+            if kept:
+                self._many(conn, self.SQL["insert_purge_record"], kept)
+            return len(purged)
+
+    # -- migrations written in Python ---------------------------------------------------------
+
+    def _after_migration(self, conn: Any, version: int) -> None:
+        """What a migration does after its SQL, in its transaction, through the write path."""
+        if version == 9:
+            self._migrate_awaiting_approval(conn)
+
+    def _migrate_awaiting_approval(self, conn: Any) -> None:
+        """Migration 9: each step waiting for an approval as ``pending`` + ``approval_required``
+        becomes ``awaiting_approval`` in a batch of its run (a sealed, chained write with the
+        event ``step_status_migrated``), so the audit chains verify across the upgrade.
+
+        Raises:
+            errors.LedgerFileError: the ledger is keyed and this process has no audit key, so the
+                new seals could not be keyed; nothing was changed.
+        """
+        waiting = [rowmap.step(r) for r in self._rows(conn, self.SQL["legacy_approval_waits"], ())]
+        if not waiting:
+            return
+        keyed = self._rows(conn, self.SQL["keyed_seal"], (audit_chain.KEYED + "%",))
+        if keyed and self.audit_key is None:
+            raise errors.LedgerFileError(
+                f"this ledger is keyed, and upgrading it to version 9 re-seals {len(waiting)} "
+                "step(s) waiting for an approval: set EFFECTFLOW_AUDIT_KEY to the ledger's audit "
+                "key and open it again. Nothing was changed (it is still at version 8)"
+            )
+        now = time.time()
+        seals = []
+        for step in waiting:
+            batch = Batch(step.run_id, lease_token=None)
+            batch.step(
+                dataclasses.replace(
+                    step, status=records.StepStatus.AWAITING_APPROVAL, updated_at=now
+                )
+            )
+            batch.event(
+                "step_status_migrated",
+                now,
+                step_id=step.step_id,
+                actor="effectflow (ledger migration 9)",
+                was=records.StepStatus.PENDING.value,
+                now=records.StepStatus.AWAITING_APPROVAL.value,
+            )
+            _, seal = self._apply_txn(conn, batch, lease_ttl=0.0, now=now)
+            if seal:
+                seals.append(seal)
+        self._seal_txn(conn, seals)
+
     # -- one batch ----------------------------------------------------------------------------
 
     def _apply_txn(
@@ -69,7 +267,7 @@ class SQLCore(abc.ABC):
             self._bind_operation_txn(conn, op)
         for decision in batch.decisions:
             values = rowmap.row_values(decision, rowmap.DECISION_FIELDS)
-            if self._one(conn, rowmap.INSERT_DECISION, values) is None:
+            if self._one(conn, self.SQL["insert_decision"], values) is None:
                 raise errors.IdempotencyConflict(
                     f"decision {decision.decision_id} is taken already; nothing was recorded",
                     run_id=batch.run_id,
@@ -77,7 +275,7 @@ class SQLCore(abc.ABC):
                 )
         for approval in batch.approvals:
             values = rowmap.row_values(approval, rowmap.APPROVAL_FIELDS)
-            if self._one(conn, rowmap.INSERT_APPROVAL, values) is None:
+            if self._one(conn, self.SQL["insert_approval"], values) is None:
                 raise errors.IdempotencyConflict(
                     f"approval {approval.approval_id} is taken already; nothing was recorded",
                     run_id=batch.run_id,
@@ -85,19 +283,19 @@ class SQLCore(abc.ABC):
                 )
         written: dict[str, list[list[Any]]] = {}
         for table, sql, names, found in (
-            ("steps", rowmap.UPSERT_STEP, rowmap.STEP_FIELDS, batch.steps),
-            ("effects", rowmap.UPSERT_EFFECT, rowmap.EFFECT_FIELDS, batch.effects),
-            ("attempts", rowmap.UPSERT_ATTEMPT, rowmap.ATTEMPT_FIELDS, batch.attempts),
+            ("steps", "upsert_step", rowmap.STEP_FIELDS, batch.steps),
+            ("effects", "upsert_effect", rowmap.EFFECT_FIELDS, batch.effects),
+            ("attempts", "upsert_attempt", rowmap.ATTEMPT_FIELDS, batch.attempts),
         ):
             if found:
                 values = written[table] = [rowmap.row_values(r, names) for r in found.values()]
-                self._many(conn, sql, values)
+                self._many(conn, self.SQL[sql], values)
         changes = dict(batch.run_changes)
         if batch.audit:
             events, changes["audit_head"], changes["audit_count"] = chain_events(
                 batch, head["audit_head"], head["audit_count"], self.audit_key
             )
-            self._many(conn, rowmap.INSERT_AUDIT, events)
+            self._many(conn, self.SQL["insert_audit"], events)
         sealed = audit_chain.seal_batch(
             batch,
             rowmap.run_state(head),
@@ -114,10 +312,10 @@ class SQLCore(abc.ABC):
             changes["seal_head"], changes["seal_count"] = sealed[1], sealed[2]
         if changes:
             changes.setdefault("updated_at", now)
-            assignments = ", ".join(f"{rowmap.column(k)} = ?" for k in changes)
+            assignments = ", ".join(f"{rowmap.column(k)} = {self._MARK}" for k in changes)
             self._exec(
                 conn,
-                f"UPDATE runs SET {assignments} WHERE run_id = ?",
+                self.SQL["update_run"].format(assignments=assignments),
                 [*(rowmap.value(k, v) for k, v in changes.items()), batch.run_id],
             )
         self._wrote(conn, batch, changes)
@@ -138,7 +336,9 @@ class SQLCore(abc.ABC):
         if batch.new_run is not None:
             run = batch.new_run
             values = rowmap.row_values(run, rowmap.RUN_FIELDS)
-            head = self._one(conn, rowmap.INSERT_RUN, [*values, audit_chain.genesis(run.run_id)])
+            head = self._one(
+                conn, self.SQL["insert_run"], [*values, audit_chain.genesis(run.run_id)]
+            )
             if head is None:
                 raise errors.IdempotencyConflict(
                     f"run id {run.run_id!r} is taken; nothing of this batch was written",
@@ -146,10 +346,7 @@ class SQLCore(abc.ABC):
                 )
         if batch.lease_token is not None:
             head = self._one(
-                conn,
-                "UPDATE runs SET lease_expires_at = ? WHERE run_id = ? AND lease_token = ? "
-                f"RETURNING {rowmap.HEAD}",
-                (now + lease_ttl, batch.run_id, batch.lease_token),
+                conn, self.SQL["fence_run"], (now + lease_ttl, batch.run_id, batch.lease_token)
             )
             if head is None:
                 raise errors.LeaseLost(
@@ -158,11 +355,7 @@ class SQLCore(abc.ABC):
                     run_id=batch.run_id,
                 )
         elif head is None:
-            head = self._one(
-                conn,
-                f"SELECT {rowmap.HEAD} FROM runs WHERE run_id = ?{self._LOCK_RUN}",
-                (batch.run_id,),
-            )
+            head = self._one(conn, self.SQL["lock_run"], (batch.run_id,))
             if head is None:
                 raise errors.RunNotFound(f"run {batch.run_id} does not exist", run_id=batch.run_id)
         return head
@@ -170,7 +363,8 @@ class SQLCore(abc.ABC):
     def _check_txn(self, conn: Any, run_id: str, expectation: expect.Expectation) -> None:
         """Refuse the batch (``StaleState``) unless ``expectation`` holds, read under the run's
         lock (so no other writer of the run can change it before the batch commits)."""
-        row = self._one(conn, expect.QUERIES[expectation.subject], expectation.params(run_id))
+        sql = self.SQL[f"expect_{expectation.subject.value}"]
+        row = self._one(conn, sql, expectation.params(run_id))
         found: Any = None
         if row is not None:
             found = rowmap.EXPECTED_ROW[expectation.subject](row)
@@ -189,14 +383,10 @@ class SQLCore(abc.ABC):
             errors.IdempotencyConflict: the operation is bound to another request, or another
                 step is making it at this moment (that step answers this one).
         """
-        if self._one(conn, rowmap.BIND_OPERATION, rowmap.row_values(op, rowmap.OPERATION_FIELDS)):
+        values = rowmap.row_values(op, rowmap.OPERATION_FIELDS)
+        if self._one(conn, self.SQL["bind_operation"], values):
             return
-        row = self._one(
-            conn,
-            "SELECT request_digest, run_id, step_id FROM operations "
-            "WHERE tenant = ? AND logical_operation_id = ?",
-            (op.tenant, op.logical_operation_id),
-        )
+        row = self._one(conn, self.SQL["operation_bound"], (op.tenant, op.logical_operation_id))
         if row is None or row["request_digest"] != op.request_digest:
             raise errors.IdempotencyConflict(
                 f"logical operation {op.logical_operation_id!r} is already bound to another "
@@ -251,215 +441,39 @@ def chain_events(
     return rows, prev, count
 
 
-#: Run statuses a worker executes.
-RUNNING = "('running', 'cancelling')"
-#: Step statuses whose outcome is not known yet.
-IN_DOUBT = "('intent_recorded', 'unknown', 'needs_attention')"
+class ToolRaised(Exception):
+    """Carries what a local transaction's own statements raised through the store's edge, which
+    translates only the ledger's driver errors: the tool's are its own (``apply_with``)."""
+
+    def __init__(self, original: BaseException) -> None:
+        super().__init__(str(original))
+        self.original = original
 
 
-class SQLReads(abc.ABC):
-    """The reads both SQL ledgers answer the same way, in statements with ``?`` placeholders.
-
-    A backend gives ``_read`` (run a statement, all its rows) and ``_TIE``: the column that orders
-    rows created at the same moment (PostgreSQL's ``insert_seq``; SQLite keeps insertion order
-    for equal keys of one index walk, so it needs none).
-    """
-
-    #: The tie-breaker column of equal times (empty: none).
-    _TIE = ""
-
-    @abc.abstractmethod
-    def _read(self, sql: str, params: Sequence[Any]) -> list[Any]:
-        """Run a read-only ``sql`` and return all its rows."""
-
-    def _tie(self, alias: str = "", *, desc: bool = False) -> str:
-        """``, <alias>insert_seq`` where the backend has a tie-breaker."""
-        return f", {alias}{self._TIE}{' DESC' if desc else ''}" if self._TIE else ""
-
-    def get_run(self, run_id: str, *, tenant: str | None = None) -> records.RunRecord | None:
-        """The run, or None (None too for another tenant's run)."""
-        rows = self._read("SELECT * FROM runs WHERE run_id = ?", (run_id,))
-        if not rows or (tenant is not None and rows[0]["tenant"] != tenant):
-            return None
-        return rowmap.run(rows[0])
-
-    def list_runs(
-        self,
-        *,
-        tenant: str | None,
-        statuses: Sequence[str] | None = None,
-        limit: int = 100,
-        before: float | None = None,
-        scope: str | None = None,
-        call_id: str | None = None,
-    ) -> list[records.RunRecord]:
-        """Newest first (of runs created at the same time, the last inserted first)."""
-        where, params = filters(tenant=tenant, statuses=statuses)
-        if before is not None:
-            where.append("created_at < ?")
-            params.append(before)
-        for name, value in (("scope", scope), ("call_id", call_id)):
-            if value is not None:
-                where.append(f"{name} = ?")
-                params.append(value)
-        sql = "SELECT * FROM runs"
-        if where:
-            sql += " WHERE " + " AND ".join(where)
-        sql += f" ORDER BY created_at DESC{self._tie(desc=True)} LIMIT ?"
-        return [rowmap.run(r) for r in self._read(sql, [*params, limit])]
-
-    def runs_to_recover(self, *, now: float, limit: int = 100) -> list[records.RunRecord]:
-        """Running runs with no live lease."""
-        rows = self._read(
-            f"SELECT * FROM runs WHERE status IN {RUNNING} "
-            "AND (lease_expires_at IS NULL OR lease_expires_at < ?) "
-            f"ORDER BY created_at{self._tie()} LIMIT ?",
-            (now, limit),
-        )
-        return [rowmap.run(r) for r in rows]
-
-    def leased_running_runs(self, *, limit: int = 1000) -> list[records.RunRecord]:
-        """Running runs that still hold a lease (the runtime checks whether the holder lives)."""
-        rows = self._read(
-            f"SELECT * FROM runs WHERE status IN {RUNNING} "
-            f"AND lease_expires_at IS NOT NULL ORDER BY created_at{self._tie()} LIMIT ?",
-            (limit,),
-        )
-        return [rowmap.run(r) for r in rows]
-
-    def lease_owners(self, *, now: float) -> list[str]:
-        """Owners of unexpired leases on running runs."""
-        rows = self._read(
-            f"SELECT DISTINCT lease_owner FROM runs WHERE status IN {RUNNING} "
-            "AND lease_expires_at >= ?",
-            (now,),
-        )
-        return [r["lease_owner"] for r in rows if r["lease_owner"] is not None]
-
-    def steps(self, run_id: str) -> list[records.StepRecord]:
-        """Steps in order."""
-        rows = self._read("SELECT * FROM steps WHERE run_id = ? ORDER BY seq", (run_id,))
-        return [rowmap.step(r) for r in rows]
-
-    def attempts(self, run_id: str, step_id: str | None = None) -> list[records.AttemptRecord]:
-        """Attempts in order."""
-        if step_id is None:
-            rows = self._read(
-                f"SELECT * FROM attempts WHERE run_id = ? ORDER BY started_at, number{self._tie()}",
-                (run_id,),
-            )
-        else:
-            rows = self._read(
-                "SELECT * FROM attempts WHERE run_id = ? AND step_id = ? "
-                f"ORDER BY number{self._tie()}",
-                (run_id, step_id),
-            )
-        return [rowmap.attempt(r) for r in rows]
-
-    def effects(
-        self,
-        *,
-        tenant: str | None,
-        run_id: str | None = None,
-        statuses: Sequence[str] | None = None,
-        limit: int = 1000,
-    ) -> list[records.EffectRecord]:
-        """Effects, oldest first."""
-        where, params = filters(tenant=tenant, statuses=statuses)
-        if run_id is not None:
-            where.append("run_id = ?")
-            params.append(run_id)
-        sql = "SELECT * FROM effects"
-        if where:
-            sql += " WHERE " + " AND ".join(where)
-        sql += f" ORDER BY created_at{self._tie()} LIMIT ?"
-        return [rowmap.effect(r) for r in self._read(sql, [*params, limit])]
-
-    def effects_in_doubt(
-        self, *, tenant: str | None, now: float, limit: int = 1000
-    ) -> list[records.EffectRecord]:
-        """In-doubt effects no unexpired lease covers, oldest first."""
-        mine = "e.tenant = ? AND " if tenant is not None else ""
-        rows = self._read(
-            "SELECT e.* FROM effects e JOIN runs r ON r.run_id = e.run_id "
-            f"WHERE {mine}e.status IN {IN_DOUBT} "
-            f"AND NOT (r.status IN {RUNNING} AND r.lease_expires_at IS NOT NULL "
-            f"AND r.lease_expires_at >= ?) ORDER BY e.created_at{self._tie('e.')} LIMIT ?",
-            (*([tenant] if tenant is not None else []), now, limit),
-        )
-        return [rowmap.effect(r) for r in rows]
-
-    def get_effect(
-        self, effect_id: str, *, tenant: str | None = None
-    ) -> records.EffectRecord | None:
-        """One effect, or None."""
-        rows = self._read("SELECT * FROM effects WHERE effect_id = ?", (effect_id,))
-        if not rows or (tenant is not None and rows[0]["tenant"] != tenant):
-            return None
-        return rowmap.effect(rows[0])
-
-    def get_operation(self, tenant: str, logical_operation_id: str) -> OperationBinding | None:
-        """The binding, or None."""
-        rows = self._read(
-            "SELECT * FROM operations WHERE tenant = ? AND logical_operation_id = ?",
-            (tenant, logical_operation_id),
-        )
-        return rowmap.operation(rows[0]) if rows else None
-
-    def get_decision(self, tenant: str, decision_id: str) -> DecisionRecord | None:
-        """A pinned decision, or None."""
-        rows = self._read(
-            "SELECT * FROM decisions WHERE tenant = ? AND decision_id = ?", (tenant, decision_id)
-        )
-        return rowmap.decision(rows[0]) if rows else None
-
-    def get_approval(self, tenant: str, approval_id: str) -> records.ApprovalRecord | None:
-        """An approval by id, or None."""
-        rows = self._read(
-            "SELECT * FROM approvals WHERE tenant = ? AND approval_id = ?", (tenant, approval_id)
-        )
-        return rowmap.approval(rows[0]) if rows else None
-
-    def approvals(self, run_id: str, step_id: str | None = None) -> list[records.ApprovalRecord]:
-        """Approvals oldest first."""
-        if step_id is None:
-            rows = self._read(
-                f"SELECT * FROM approvals WHERE run_id = ? ORDER BY approved_at{self._tie()}",
-                (run_id,),
-            )
-        else:
-            rows = self._read(
-                "SELECT * FROM approvals WHERE run_id = ? AND step_id = ? "
-                f"ORDER BY approved_at{self._tie()}",
-                (run_id, step_id),
-            )
-        return [rowmap.approval(r) for r in rows]
-
-    def audit(self, run_id: str) -> list[records.AuditEvent]:
-        """The run's audit events in order."""
-        rows = self._read("SELECT * FROM audit WHERE run_id = ? ORDER BY seq", (run_id,))
-        return [rowmap.event(r) for r in rows]
-
-    def audit_rows(self, sql: str, params: Sequence[Any]) -> list[dict[str, Any]]:
-        """Rows of a read-only query (``?`` placeholders), for ``audit.verify``."""
-        return [dict(r) for r in self._read(sql, params)]
-
-    def verify_audit(self, run_id: str | None = None) -> list[AuditProblem]:
-        """Recompute every run's chains (or one run's) and compare its rows with their seals
-        (``audit.verify``), with the operator's audit key when the ledger is keyed."""
-        key: bytes | None = getattr(self, "audit_key", None)
-        found = audit_chain.verify(self, run_id, key)
-        return [AuditProblem(p.run_id, p.seq, p.message) for p in found]
+@contextmanager
+def driver_errors(
+    where: str, transient: tuple[type[BaseException], ...], driver: type[BaseException]
+) -> Iterator[None]:
+    """The backend's edge: a driver's exception leaves the store as a ``LedgerError`` (its cause
+    kept), ``LedgerUnavailable`` when it is one of ``transient``; ``where`` names the ledger."""
+    try:
+        yield
+    except ToolRaised as raised:
+        raise raised.original from raised.original.__cause__
+    except transient as exc:
+        raise errors.LedgerUnavailable(
+            f"the ledger ({where}) could not be reached or written "
+            f"({type(exc).__name__}: {' '.join(str(exc).split())})"
+        ) from exc
+    except driver as exc:
+        raise errors.LedgerError(
+            f"the ledger ({where}) refused a statement "
+            f"({type(exc).__name__}: {' '.join(str(exc).split())}); nothing of it was written"
+        ) from exc
 
 
-def filters(*, tenant: str | None, statuses: Sequence[str] | None) -> tuple[list[str], list[Any]]:
-    """The WHERE terms (and their parameters) of a listing by tenant and status."""
-    where: list[str] = []
-    params: list[Any] = []
-    if tenant is not None:
-        where.append("tenant = ?")
-        params.append(tenant)
-    if statuses:
-        where.append(f"status IN ({', '.join('?' for _ in statuses)})")
-        params.extend(statuses)
-    return where, params
+def driver_cause(exc: BaseException) -> BaseException:
+    """What the driver raised, under the ``LedgerError`` the edge made of it."""
+    if isinstance(exc, errors.LedgerError) and exc.__cause__ is not None:
+        return exc.__cause__
+    return exc

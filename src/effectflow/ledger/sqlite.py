@@ -10,7 +10,9 @@ mid-transaction.
 What a batch writes and what the reads ask is written once for both ledgers (``sql_core``, rows
 mapped by ``rowmap``); this module keeps what is SQLite's own: the file (refusing foreign ones,
 read-only opens), the lock and transactions, group commit's savepoints, the shards' remembered
-heads, claims and leases, and the migrations.
+heads, claims and leases, and the migrations. Its statements are the named queries of
+``ledger/queries/sqlite.sql``; only transaction control (``BEGIN``, ``SAVEPOINT``, ``PRAGMA``) is
+written here.
 """
 
 from __future__ import annotations
@@ -19,8 +21,8 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager, contextmanager
 from importlib import resources
 from pathlib import Path
 from typing import Any, TypeVar
@@ -28,11 +30,11 @@ from urllib.parse import parse_qs, urlparse
 
 from effectflow import errors
 from effectflow.ledger import audit as audit_chain
-from effectflow.ledger import records, rowmap
+from effectflow.ledger import queries, records
 from effectflow.ledger.local import LocalTransaction
-from effectflow.ledger.sql_core import SQLCore, SQLReads
+from effectflow.ledger.sql_core import SQLCore, ToolRaised, driver_cause, driver_errors
+from effectflow.ledger.sql_reads import SQLReads
 from effectflow.ledger.store import (
-    Applied,
     Batch,
     parse_durability,
 )
@@ -40,15 +42,6 @@ from effectflow.ledger.store import (
 T = TypeVar("T")
 
 _SYNC_MODES = {"off": "OFF", "normal": "NORMAL", "full": "FULL", "extra": "EXTRA"}
-
-#: Statuses in which a step's key binding must be kept even past retention.
-_UNSETTLED = (
-    records.StepStatus.INTENT_RECORDED,
-    records.StepStatus.UNKNOWN,
-    records.StepStatus.NEEDS_ATTENTION,
-    records.StepStatus.NOT_COMMITTED,
-    records.StepStatus.AWAITING_COMPLETION,
-)
 
 
 def parse_url(url: str) -> tuple[str, dict[str, str]]:
@@ -69,10 +62,6 @@ def parse_url(url: str) -> tuple[str, dict[str, str]]:
     return path, options
 
 
-#: A shard's head moved, if it is still where this store left it.
-_MOVE_SHARD = "UPDATE audit_shards SET n = ?, head = ? WHERE shard = ? AND n = ? AND head = ?"
-
-
 def _seconds(url: str, options: dict[str, str], name: str, default: float) -> float:
     """A URL option in seconds (``?busy_timeout=5``)."""
     if name not in options:
@@ -88,6 +77,9 @@ def _seconds(url: str, options: dict[str, str], name: str, default: float) -> fl
 
 class SQLiteStore(SQLCore, SQLReads):
     """A ledger in one SQLite file. Thread-safe: one connection behind a lock."""
+
+    SQL = queries.statements("sqlite")
+    _MARK = "?"
 
     def __init__(self, url: str) -> None:
         self.url = url
@@ -115,8 +107,6 @@ class SQLiteStore(SQLCore, SQLReads):
         #: (BENCHMARKS.md, "Workers").
         self.group_commit_default = True
         self.max_concurrent_writers = 1
-        #: A lock held past the busy timeout, a full disk, an I/O error: worth retrying.
-        self.transient_errors: tuple[type[Exception], ...] = (sqlite3.OperationalError,)
         #: How long an idle worker sleeps between looks for work (no LISTEN/NOTIFY in SQLite).
         self.poll_interval = float(options.get("poll_interval", 0.1))
         mode = options.get("mode", "rw").lower()
@@ -139,24 +129,33 @@ class SQLiteStore(SQLCore, SQLReads):
         target, uri = path, False
         if self.read_only and path != ":memory:":
             target, uri = f"{Path(path).absolute().as_uri()}?mode=ro", True
-        self._conn = sqlite3.connect(
-            target,
-            isolation_level=None,
-            check_same_thread=False,
-            timeout=self.busy_timeout,
-            uri=uri,
-        )
+        with self._edge():
+            self._conn = sqlite3.connect(
+                target,
+                isolation_level=None,
+                check_same_thread=False,
+                timeout=self.busy_timeout,
+                uri=uri,
+            )
         self._conn.row_factory = sqlite3.Row
         try:
             _check_schema(self._conn, path, read_only=self.read_only)
+            with self._edge():
+                self._conn.execute(f"PRAGMA busy_timeout={int(self.busy_timeout * 1000)}")
+                if not self.read_only:
+                    self._conn.execute("PRAGMA journal_mode=WAL")
+                    self._conn.execute(f"PRAGMA synchronous={self.synchronous}")
+            if not self.read_only:
+                self.migrate()
         except BaseException:
             self._conn.close()
             raise
-        self._conn.execute(f"PRAGMA busy_timeout={int(self.busy_timeout * 1000)}")
-        if not self.read_only:
-            self._conn.execute("PRAGMA journal_mode=WAL")
-            self._conn.execute(f"PRAGMA synchronous={self.synchronous}")
-            self.migrate()
+
+    def _edge(self) -> AbstractContextManager[None]:
+        """Where ``sqlite3``'s exceptions become the ledger's: a lock held past the busy timeout,
+        a full disk, an I/O error (``OperationalError``) are ``LedgerUnavailable``, worth
+        retrying; any other is ``LedgerError``."""
+        return driver_errors(self.path, (sqlite3.OperationalError,), sqlite3.Error)
 
     def bound_waits(self, seconds: float) -> None:
         """A statement waits for another writer's lock at most ``seconds`` (and never past
@@ -171,32 +170,25 @@ class SQLiteStore(SQLCore, SQLReads):
         """Apply the migrations this file has not seen; returns the versions applied."""
         applied: list[int] = []
         with self._write() as conn:
-            conn.execute(
-                "CREATE TABLE IF NOT EXISTS schema_migrations "
-                "(version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at REAL NOT NULL)"
-            )
-            done = {row[0] for row in conn.execute("SELECT version FROM schema_migrations")}
+            conn.execute(self.SQL["create_migrations_table"])
+            done = {row[0] for row in conn.execute(self.SQL["applied_migrations"])}
             for version, name, sql in migrations():
                 if version in done:
                     continue
                 for statement in _split_sql(sql):
                     conn.execute(statement)
-                conn.execute(
-                    "INSERT INTO schema_migrations (version, name, applied_at) "
-                    "VALUES (?, ?, strftime('%s','now'))",
-                    (version, name),
-                )
+                self._after_migration(conn, version)
+                conn.execute(self.SQL["record_migration"], (version, name))
                 applied.append(version)
         return applied
 
     def schema_version(self) -> int:
         """The newest migration applied to this file."""
-        row = self._conn.execute("SELECT max(version) FROM schema_migrations").fetchone()
-        return int(row[0] or 0)
+        return int(self._all(self.SQL["schema_version"])[0][0] or 0)
 
     @contextmanager
     def _write(self, *, deferrable: bool = False) -> Iterator[sqlite3.Connection]:
-        with self._lock:
+        with self._edge(), self._lock:
             # PRAGMA synchronous is the connection's, read at each commit: set it per transaction.
             sync = self._deferred_sync if deferrable else self.synchronous
             if sync != self._sync_now:
@@ -212,13 +204,6 @@ class SQLiteStore(SQLCore, SQLReads):
                 self._conn.execute("COMMIT")
 
     # -- writes ---------------------------------------------------------------------------------
-
-    def apply(self, batch: Batch, *, lease_ttl: float, now: float) -> dict[str, Any] | None:
-        """Commit one batch in one transaction (see ``LedgerStore.apply``)."""
-        with self._write(deferrable=batch.deferrable) as conn:
-            control, seal = self._apply_txn(conn, batch, lease_ttl=lease_ttl, now=now)
-            self._seal_txn(conn, [seal] if seal else [])
-            return control
 
     def apply_with(
         self,
@@ -238,7 +223,10 @@ class SQLiteStore(SQLCore, SQLReads):
         with self._lock:
             try:
                 with self._write() as conn:
-                    value = work(LocalTransaction(conn, backend="sqlite", paramstyle="qmark"))
+                    try:
+                        value = work(LocalTransaction(conn, backend="sqlite", paramstyle="qmark"))
+                    except Exception as exc:
+                        raise ToolRaised(exc) from exc  # the tool's own, not the ledger's
                     batch = finish(value)
                     control, seal = self._apply_txn(conn, batch, lease_ttl=lease_ttl, now=now)
                     self._seal_txn(conn, [seal] if seal else [])
@@ -247,50 +235,26 @@ class SQLiteStore(SQLCore, SQLReads):
                 if batch is None or not written:
                     raise
                 if self._conn.in_transaction:
-                    self._conn.execute("ROLLBACK")  # SQLite kept it open: it did not commit
+                    with self._edge():
+                        self._conn.execute("ROLLBACK")  # SQLite kept it open: it did not commit
                     raise
+                cause = driver_cause(exc)
                 raise errors.CommitInDoubt(
                     f"run {batch.run_id}: the COMMIT of a local transaction failed part-way "
-                    f"({exc}); it may have committed",
+                    f"({cause}); it may have committed",
                     run_id=batch.run_id,
-                ) from exc
+                ) from cause
         return value, control
 
     def checkpoint_committed(self, run_id: str, attempt_id: str) -> bool:
         """Read the checkpoint's attempt row (see ``LedgerStore.checkpoint_committed``). The
         transaction it settles is over: its connection is this store's own, which has ended it."""
-        rows = self._all(
-            "SELECT outcome FROM attempts WHERE run_id = ? AND attempt_id = ?", (run_id, attempt_id)
-        )
+        rows = self._all(self.SQL["checkpoint_outcome"], (run_id, attempt_id))
         return bool(rows) and rows[0]["outcome"] == records.Outcome.COMMITTED.value
 
-    def apply_many(
-        self, batches: Sequence[Batch], *, lease_ttl: float, now: float
-    ) -> list[Applied]:
-        """Group commit: every batch in one transaction, each inside a savepoint so one refused
-        batch does not sink the others."""
-        results: list[Applied] = []
-        seals: list[list[Any]] = []
-        with self._write(deferrable=all(b.deferrable for b in batches)) as conn:
-            for batch in batches:
-                conn.execute("SAVEPOINT batch")
-                try:
-                    control, seal = self._apply_txn(conn, batch, lease_ttl=lease_ttl, now=now)
-                except (
-                    errors.LeaseLost,
-                    errors.IdempotencyConflict,
-                    errors.RunNotFound,
-                    errors.StaleState,
-                ) as exc:
-                    conn.execute("ROLLBACK TO batch")
-                    results.append(Applied(error=exc))
-                else:
-                    results.append(Applied(control=control))
-                    if seal:
-                        seals.append(seal)
-                conn.execute("RELEASE batch")
-            self._seal_txn(conn, seals)
-        return results
+    def _rollback_savepoint(self, conn: sqlite3.Connection) -> None:
+        """Undo what one refused batch of a group wrote."""
+        conn.execute("ROLLBACK TO batch")
 
     def _seal_txn(self, conn: sqlite3.Connection, seals: list[list[Any]]) -> None:
         """Append the transaction's seals, each chained into its shard (see ``audit``).
@@ -311,22 +275,19 @@ class SQLiteStore(SQLCore, SQLReads):
         stale = [
             shard
             for n, head, shard in moved
-            if conn.execute(_MOVE_SHARD, (n, head, shard, *heads[shard])).rowcount != 1
+            if conn.execute(self.SQL["move_shard"], (n, head, shard, *heads[shard])).rowcount != 1
         ]
         if stale:
             heads.update(self._read_shards(conn, stale))
             rows, moved = audit_chain.chain_shards(seals, heads, self.audit_key)
             for n, head, shard in moved:
                 if shard in stale:
-                    conn.execute(audit_chain.UPDATE_SHARD, (n, head, shard))
+                    conn.execute(self.SQL["update_shard"], (n, head, shard))
         if audit_chain.first_uses(heads, shards):
-            used = conn.execute(rowmap.USED_SHARDS, (audit_chain.INDEX,)).fetchall()
+            used = conn.execute(self.SQL["used_shards"], (audit_chain.INDEX,)).fetchall()
             index = audit_chain.index_row([*(r[0] for r in used), *shards], self.audit_key)
-            conn.execute(audit_chain.UPDATE_SHARD, index)
-        if len(rows) == 1:
-            conn.execute(audit_chain.INSERT_SEAL, rows[0])
-        else:
-            conn.executemany(audit_chain.INSERT_SEAL, rows)
+            conn.execute(self.SQL["update_shard"], index)
+        self._many(conn, self.SQL["insert_seal"], rows)
         # Remembered as committed; if the transaction rolls back, the next UPDATE finds another
         # n and reads the shard again.
         heads.update((shard, (n, head)) for n, head, shard in moved)
@@ -334,45 +295,16 @@ class SQLiteStore(SQLCore, SQLReads):
     def _read_shards(
         self, conn: sqlite3.Connection, shards: list[int]
     ) -> dict[int, tuple[int, str]]:
-        rows = conn.execute(
-            f"SELECT shard, n, head FROM audit_shards WHERE shard IN ({', '.join('?' * len(shards))})",
-            shards,
-        ).fetchall()
+        marks = ", ".join("?" * len(shards))
+        rows = conn.execute(self.SQL["read_shards"].format(marks=marks), shards).fetchall()
         return audit_chain.shard_heads_read(shards, [(r[0], r[1], r[2]) for r in rows])
-
-    def claim_runnable(
-        self,
-        *,
-        owner: str,
-        ttl: float,
-        now: float,
-        limit: int,
-        dead_owners: Sequence[str] = (),
-    ) -> list[records.RunRecord]:
-        """Lease runnable runs (``BEGIN IMMEDIATE`` serializes claimers on one file)."""
-        dead = list(dict.fromkeys(dead_owners))
-        or_dead = f" OR lease_owner IN ({', '.join('?' for _ in dead)})" if dead else ""
-        with self._write() as conn:
-            rows = conn.execute(
-                "UPDATE runs SET lease_owner = ?, lease_token = lease_token + 1, "
-                "lease_expires_at = ? WHERE run_id IN (SELECT run_id FROM runs "
-                "WHERE status IN ('running', 'cancelling') "
-                f"AND (lease_expires_at IS NULL OR lease_expires_at < ?{or_dead}) "
-                "ORDER BY created_at LIMIT ?) RETURNING *",
-                (owner, now + ttl, now, *dead, limit),
-            ).fetchall()
-        return sorted((rowmap.run(r) for r in rows), key=lambda r: r.created_at)
 
     def heartbeat(self, leases: Sequence[tuple[str, int]], *, ttl: float, now: float) -> list[str]:
         """Extend held leases; report the lost ones."""
         lost = []
         with self._write() as conn:
             for run_id, token in leases:
-                row = conn.execute(
-                    "UPDATE runs SET lease_expires_at = ? WHERE run_id = ? AND lease_token = ? "
-                    "RETURNING run_id",
-                    (now + ttl, run_id, token),
-                ).fetchone()
+                row = conn.execute(self.SQL["heartbeat"], (now + ttl, run_id, token)).fetchone()
                 if row is None:
                     lost.append(run_id)
         return lost
@@ -399,55 +331,50 @@ class SQLiteStore(SQLCore, SQLReads):
         else:
             conn.executemany(sql, rows)
 
+    def _rows(self, conn: sqlite3.Connection, sql: str, params: Sequence[Any]) -> list[sqlite3.Row]:
+        """Run ``sql`` and read all its rows."""
+        return conn.execute(sql, params).fetchall()
+
+    def _batch_txn(self, *, deferrable: bool = False) -> AbstractContextManager[sqlite3.Connection]:
+        """``BEGIN IMMEDIATE`` (see ``_write``)."""
+        return self._write(deferrable=deferrable)
+
+    def _plain_txn(self) -> AbstractContextManager[sqlite3.Connection]:
+        """``BEGIN IMMEDIATE``: SQLite has no pipeline, every transaction is plain."""
+        return self._write()
+
+    def _write_rows(self, sql: str, params: Sequence[Any] | Mapping[str, Any]) -> list[sqlite3.Row]:
+        """One statement under the write lock, in its own transaction."""
+        with self._write() as conn:
+            return conn.execute(sql, params).fetchall()
+
+    def _in_named(
+        self, column: str, name: str, values: Sequence[Any]
+    ) -> tuple[str, dict[str, Any]]:
+        """``column IN (:name_0, ...)``: SQLite binds no arrays."""
+        names = [f"{name}_{i}" for i in range(len(values))]
+        marks = ", ".join(":" + n for n in names)
+        return f"{column} IN ({marks})", dict(zip(names, values, strict=True))
+
     def _wrote(self, conn: sqlite3.Connection, batch: Batch, changes: dict[str, Any]) -> None:
         """Nothing to announce: SQLite has no notifications, workers poll (``wait_for_work``)."""
 
-    def claim(
-        self, run_id: str, *, owner: str, expected_token: int, ttl: float, now: float
-    ) -> records.RunRecord | None:
-        """Take the lease by compare-and-swap on the token (see ``LedgerStore.claim``)."""
-        with self._write() as conn:
-            row = conn.execute(
-                "UPDATE runs SET lease_owner = ?, lease_token = lease_token + 1, "
-                "lease_expires_at = ? WHERE run_id = ? AND lease_token = ? RETURNING *",
-                (owner, now + ttl, run_id, expected_token),
-            ).fetchone()
-        return None if row is None else rowmap.run(row)
-
-    def release(self, run_id: str, *, token: int) -> None:
-        """Give the lease up."""
-        with self._write() as conn:
-            conn.execute(
-                "UPDATE runs SET lease_owner = NULL, lease_expires_at = NULL "
-                "WHERE run_id = ? AND lease_token = ?",
-                (run_id, token),
-            )
-
-    def purge_expired_keys(self, *, now: float) -> int:
-        """Drop bindings past retention whose step is settled, each leaving a hashed purge record
-        (``purged_keys``) that ``verify`` accepts as why a sealed binding is gone."""
-        placeholders = ", ".join("?" for _ in _UNSETTLED)
-        with self._write() as conn:
-            purged = conn.execute(
-                "DELETE FROM operations WHERE key_expires_at < ? AND NOT EXISTS ("
-                "SELECT 1 FROM steps s WHERE s.run_id = operations.run_id "
-                f"AND s.step_id = operations.step_id AND s.status IN ({placeholders})) "
-                "RETURNING tenant, logical_operation_id, run_id, key_expires_at",
-                (now, *_UNSETTLED),
-            ).fetchall()
-            records_ = audit_chain.tombstones([tuple(r) for r in purged], now, self.audit_key)
-            if records_:
-                conn.executemany(audit_chain.INSERT_TOMBSTONE, records_)
-            return len(purged)
-
-    # -- reads (the rest are ``sql_core.SQLReads``) ----------------------------------------------
+    # -- reads (the rest are ``sql_reads.SQLReads``) ---------------------------------------------
 
     def _read(self, sql: str, params: Sequence[Any]) -> list[Any]:
         """Run a read-only statement on the store's connection (the reads of ``sql_core``)."""
         return self._all(sql, params)
 
+    def _in(self, column: str, values: Sequence[Any]) -> tuple[str, list[Any]]:
+        """``column IN (?, ...)``: SQLite binds no arrays."""
+        return f"{column} IN ({', '.join('?' for _ in values)})", list(values)
+
+    def _qmark(self, sql: str) -> str:
+        """SQLite's placeholder is ``?`` already."""
+        return sql
+
     def _all(self, sql: str, params: Sequence[Any] = ()) -> list[sqlite3.Row]:
-        with self._lock:
+        with self._edge(), self._lock:
             return self._conn.execute(sql, params).fetchall()
 
     @contextmanager
@@ -455,7 +382,7 @@ class SQLiteStore(SQLCore, SQLReads):
         """The reads of this store see one moment of the file until the block ends (a read
         transaction; WAL keeps it while others write): ``verify`` on a live ledger reads a run's
         row and its seals as they were together. This store's own writes wait for the block."""
-        with self._lock:
+        with self._edge(), self._lock:
             if self._conn.in_transaction:
                 yield
                 return
@@ -470,7 +397,7 @@ class SQLiteStore(SQLCore, SQLReads):
     ) -> Iterator[dict[str, Any]]:
         """The rows of a read-only query, ``size`` at a time, in a snapshot: what ``verify`` reads
         of every seal, in bounded memory."""
-        with self.audit_snapshot():
+        with self.audit_snapshot(), self._edge():
             cur = self._conn.execute(sql, params)
             while rows := cur.fetchmany(size):
                 yield from (dict(r) for r in rows)
@@ -510,7 +437,7 @@ def _check_schema(conn: sqlite3.Connection, path: str, *, read_only: bool) -> No
     read-only ledger that needs an upgrade — read through ``sqlite_master`` only, so the file is
     not changed (not even switched to WAL)."""
     try:
-        tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        tables = {r[0] for r in conn.execute(SQLiteStore.SQL["file_tables"])}
     except sqlite3.DatabaseError as exc:
         raise errors.LedgerFileError(
             f"{path} cannot be read as an SQLite database ({exc}); it was not touched"
@@ -527,7 +454,7 @@ def _check_schema(conn: sqlite3.Connection, path: str, *, read_only: bool) -> No
                 f"{path} holds no effectflow ledger yet, and it is opened read-only"
             )
         return
-    row = conn.execute("SELECT max(version) FROM schema_migrations").fetchone()
+    row = conn.execute(SQLiteStore.SQL["schema_version"]).fetchone()
     version = int(row[0] or 0)
     if version > known:
         raise errors.LedgerFileError(

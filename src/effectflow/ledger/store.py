@@ -111,7 +111,8 @@ class Batch:
     audit: list[AuditDraft] = dataclasses.field(default_factory=list)
     #: What the batch's decision was made on (``expect_run``, ``expect_step``, ...): the store
     #: checks each inside the transaction, before writing, and refuses the whole batch with
-    #: ``StaleState`` when one no longer holds (``expect``; DESIGN §9).
+    #: ``StaleState`` when one no longer holds (``expect``;
+    #: docs/concepts.md#peoples-decisions-are-compare-and-swap).
     expectations: list[expect.Expectation] = dataclasses.field(default_factory=list)
     #: A call's outcome: on a ledger opened with ``durability=intents`` it commits without an
     #: fsync of its own, surviving a process crash at once and power loss with the ledger's next
@@ -229,9 +230,6 @@ class LedgerStore(Protocol):
     group_commit_default: bool
     #: Group transactions one process may have in flight at once.
     max_concurrent_writers: int
-    #: The driver's errors that mean the ledger was unreachable or unwritable for a while (a
-    #: restart, a cut connection, a lock held too long, a full disk), not that it refused the data.
-    transient_errors: tuple[type[Exception], ...]
 
     def migrate(self) -> list[int]:
         """Apply the migrations the database has not seen; returns the versions applied."""

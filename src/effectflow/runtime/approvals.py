@@ -2,7 +2,8 @@
 waits for a person before its call, and a person gives (``rt.approve``) or declines
 (``rt.reject``) it.
 
-The step waits as ``pending`` with ``error.code == "approval_required"`` and its run paused. An
+The step waits as ``awaiting_approval`` (its error says why, code ``approval_required``) and its
+run paused. An
 answer is compare-and-swap: of an approval and a decline given at the same moment exactly one is
 recorded, and it revokes the run's lease so only the winner's resume can claim it.
 """
@@ -56,7 +57,7 @@ def wait_for(
         + (" compensation" if call.compensates is not None else "")
         + ": it needs an approval (rt.approve) before the call"
     )
-    step = call.step_record(existing, StepStatus.PENDING, now)
+    step = call.step_record(existing, StepStatus.AWAITING_APPROVAL, now)
     step = dataclasses.replace(
         step,
         next_action=NextAction.ASK_A_PERSON,
@@ -239,10 +240,7 @@ def _answer_batch(
         )
     batch = Batch(run.run_id, lease_token=None)
     batch.expect_step(
-        step_id,
-        status=StepStatus.PENDING,
-        error_code=APPROVAL_REQUIRED,
-        request_digest=step.request_digest,
+        step_id, status=StepStatus.AWAITING_APPROVAL, request_digest=step.request_digest
     )
     batch.expect_unapproved(step_id, step.request_digest)
     batch.expect_run(lease_token=run.lease_token)
@@ -285,4 +283,5 @@ def _replayed_approval(
 
 
 def awaits_approval(step: records.StepRecord) -> bool:
-    return step.status is StepStatus.PENDING and (step.error or {}).get("code") == APPROVAL_REQUIRED
+    """Whether the step waits for a person's approval before its call."""
+    return step.status is StepStatus.AWAITING_APPROVAL

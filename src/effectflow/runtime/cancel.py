@@ -61,7 +61,8 @@ def stop_unstarted(port: Port, state: state_mod.RunState) -> None:
     now = port.clock()
     batch = state.batch()
     for step in list(state.steps.values()):
-        if step.status is StepStatus.PENDING and step.compensates is None:
+        unstarted = step.status in (StepStatus.PENDING, StepStatus.AWAITING_APPROVAL)
+        if unstarted and step.compensates is None:
             cancelled = dataclasses.replace(
                 step, status=StepStatus.CANCELLED, next_action=NextAction.NONE, updated_at=now
             )

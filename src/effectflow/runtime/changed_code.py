@@ -22,6 +22,7 @@ from effectflow.runtime.port import Port
 _CHANGED_NOTHING = frozenset(
     {
         StepStatus.PENDING,
+        StepStatus.AWAITING_APPROVAL,
         StepStatus.NOT_COMMITTED,
         StepStatus.REJECTED,
         StepStatus.CONFLICT,

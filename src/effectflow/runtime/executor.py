@@ -171,15 +171,18 @@ class Executor:
                 return self._release(state)
             except machine_io.Suspend:
                 return port.run(state.run.run_id)
-            except (errors.LeaseLost, errors.CommitInDoubt, errors.LedgerUnavailable):
+            except (errors.LeaseLost, errors.CommitInDoubt):
                 raise  # nothing more is written; the run is left for recovery
+            except errors.LedgerUnavailable as exc:
+                if exc.run_id is None:
+                    # A read the ledger could not answer: not the workflow's failure. The store
+                    # does not know the run; say which one is left for recovery.
+                    raise outage.unavailable(state.run.run_id, exc) from exc
+                raise
             except errors.AbandonGoal as exc:
                 self._abandon(state, exc)
                 continue
             except Exception as exc:
-                if outage.is_outage(port.store, exc):
-                    # A read the ledger could not answer: not the workflow's failure.
-                    raise outage.unavailable(state.run.run_id, exc) from exc
                 return self._finish_failed(state, exc)
             if state.stop_requested():
                 continue  # a cancel arrived with the last step's write: honour it

@@ -57,7 +57,12 @@ def situation_of(call: StepCall, step: records.StepRecord) -> Situation:
         # A call whose outcome was never recorded (its process died during it) may have
         # committed, whatever the step said before it was sent.
         return Situation.IN_DOUBT
-    if status in (StepStatus.NOT_COMMITTED, StepStatus.FAILED, StepStatus.PENDING):
+    if status in (
+        StepStatus.NOT_COMMITTED,
+        StepStatus.FAILED,
+        StepStatus.PENDING,
+        StepStatus.AWAITING_APPROVAL,
+    ):
         return Situation.NOT_COMMITTED
     if status is StepStatus.REJECTED:
         return Situation.REJECTED

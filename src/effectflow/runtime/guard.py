@@ -387,7 +387,8 @@ def _settled_earlier_call(
     step = next((s for s in rt.store.steps(original.run_id) if s.step_id == step_id), None)
     open_run = original.status in (RunStatus.RUNNING, RunStatus.PAUSED, RunStatus.CANCELLING)
     if (step is not None and step.status in records.IN_DOUBT_STATUSES) or (
-        open_run and (step is None or step.status is StepStatus.PENDING)
+        open_run
+        and (step is None or step.status in (StepStatus.PENDING, StepStatus.AWAITING_APPROVAL))
     ):
         raise errors.NeedsPerson(
             f"the same call ({tool.ref} with the same arguments in scope {scope!r}) was made as "

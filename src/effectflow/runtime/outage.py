@@ -31,16 +31,18 @@ LONGEST_PAUSE = 2.0
 
 
 def is_outage(store: LedgerStore, exc: BaseException) -> bool:
-    """Whether ``exc`` says the ledger was unreachable or unwritable (not that it refused data)."""
-    return isinstance(exc, store.transient_errors)
+    """Whether ``exc`` says the ledger was unreachable or unwritable (not that it refused data):
+    every store raises ``LedgerUnavailable`` for that, whatever its driver raised."""
+    return isinstance(exc, errors.LedgerUnavailable)
 
 
 def unavailable(run_id: str, exc: BaseException, waited: float = 0.0) -> errors.LedgerUnavailable:
     """The error a caller gets when the ledger stayed away while running ``run_id``."""
+    cause = exc.__cause__ if isinstance(exc, errors.LedgerUnavailable) and exc.__cause__ else exc
     return errors.LedgerUnavailable(
         f"run {run_id}: the ledger could not be reached"
         + (f" for {waited:.1f} s" if waited else "")
-        + f" ({type(exc).__name__}: {' '.join(str(exc).split())}); nothing was recorded as failed "
+        + f" ({type(cause).__name__}: {' '.join(str(cause).split())}); nothing was recorded as failed "
         "and the run is left for recovery (`effectflow recover`, or any worker once its lease "
         "lapses)",
         run_id=run_id,

@@ -220,9 +220,7 @@ def attention(
                 )
             )
         for step in steps_of.get(run.run_id, []):
-            if step.status is StepStatus.PENDING and (step.error or {}).get("code") == (
-                "approval_required"
-            ):
+            if step.status is StepStatus.AWAITING_APPROVAL:
                 items.append(
                     AttentionItem(
                         kind="approval",

@@ -45,7 +45,10 @@ def write(call: StepCall, existing: records.StepRecord | None) -> machine_io.Mac
     situation), then the decision table until the step is settled or the run pauses."""
     st = call.state
     op_id = _operation_and_key(call)
-    if existing is not None and existing.status is StepStatus.PENDING:
+    if existing is not None and existing.status in (
+        StepStatus.PENDING,
+        StepStatus.AWAITING_APPROVAL,
+    ):
         existing = None if existing.effect_id is None else existing
     if existing is None:
         skipped = changed_code.unreached(st, call.step_id)

@@ -1,0 +1,10 @@
+-- effectflow ledger, version 9: a step that waits for a person's approval has a status of its own,
+-- `awaiting_approval`. Before, it was `pending` with the error code `approval_required`, which
+-- every reader had to check together.
+--
+-- No table changes. The rows are rewritten after this file by the store's migration step
+-- (`sql_core.SQLCore._migrate_awaiting_approval`), through the ordinary write path: each step
+-- becomes a sealed, chained write of its own run, with the audit event `step_status_migrated`,
+-- so `effectflow audit verify` holds across the upgrade. On a keyed ledger the process that
+-- upgrades needs the audit key (EFFECTFLOW_AUDIT_KEY): without it the upgrade is refused and the
+-- ledger is left at version 8.

@@ -1,0 +1,351 @@
+-- The PostgreSQL ledger's statements (see ledger/queries.py for the format).
+-- Placeholders are %s (psycopg). Run statuses a worker executes: 'running', 'cancelling'. Step statuses whose
+-- outcome is not known yet: 'intent_recorded', 'unknown', 'needs_attention'.
+
+-- ---------------------------------------------------------------------------------------------
+-- The write path: one batch, in the caller's transaction (ledger/sql_core.py)
+-- ---------------------------------------------------------------------------------------------
+
+-- name: insert_run
+-- A new run and its chains' genesis. A run id taken already inserts nothing and returns no row:
+-- the batch is refused on its own (IdempotencyConflict), not the group transaction it shares.
+-- The RETURNING list is the run's head (rowmap.HEAD).
+INSERT INTO runs (run_id, tenant, workflow, workflow_version, input_json, input_digest, status,
+                  output_json, error_json, next_action, generation, created_at, updated_at,
+                  lease_owner, lease_token, lease_expires_at, control_json, workflow_code, scope,
+                  call_id, audit_head, audit_count)
+VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, 0)
+ON CONFLICT (run_id) DO NOTHING
+RETURNING audit_head, audit_count, seal_head, seal_count, control_json, status, output_json,
+          error_json, next_action, generation, workflow_version, workflow_code;
+
+-- name: fence_run
+-- A fenced batch: its lease token must still be current. The UPDATE locks the run's row until the
+-- COMMIT and extends the lease; no row means the lease was lost.
+UPDATE runs SET lease_expires_at = %s WHERE run_id = %s AND lease_token = %s
+RETURNING audit_head, audit_count, seal_head, seal_count, control_json, status, output_json,
+          error_json, next_action, generation, workflow_version, workflow_code;
+
+-- name: lock_run
+-- An unfenced batch (a person's decision, a cancel) locks its run's row and reads its head: every
+-- other writer of the run waits, so the audit head it extends cannot move under it.
+SELECT audit_head, audit_count, seal_head, seal_count, control_json, status, output_json,
+       error_json, next_action, generation, workflow_version, workflow_code
+FROM runs WHERE run_id = %s FOR UPDATE;
+
+-- name: update_run
+-- The run columns a batch changes ({assignments}: "column = %s" each).
+UPDATE runs SET {assignments} WHERE run_id = %s;
+
+-- name: expect_run
+-- What a decision was made on, read under the run's lock (ledger/expect.py).
+SELECT * FROM runs WHERE run_id = %s;
+
+-- name: expect_step
+SELECT * FROM steps WHERE run_id = %s AND step_id = %s;
+
+-- name: expect_effect
+SELECT * FROM effects WHERE run_id = %s AND effect_id = %s;
+
+-- name: expect_unapproved
+SELECT approval_id FROM approvals WHERE run_id = %s AND step_id = %s AND request_digest = %s LIMIT 1;
+
+-- name: insert_decision
+-- A decision id taken already (by a concurrent decision too) inserts nothing and returns no row:
+-- IdempotencyConflict, never the driver's unique violation.
+INSERT INTO decisions (decision_id, tenant, params_digest, effect_id, decided_at)
+VALUES (%s, %s, %s, %s, %s)
+ON CONFLICT DO NOTHING RETURNING decision_id;
+
+-- name: insert_approval
+INSERT INTO approvals (approval_id, tenant, run_id, step_id, request_digest, approver, note,
+                       approved_at)
+VALUES (%s, %s, %s, %s, %s, %s, %s, %s)
+ON CONFLICT DO NOTHING RETURNING approval_id;
+
+-- name: bind_operation
+-- A logical operation bound to its request and step, once. ON CONFLICT without a target also
+-- covers the key's own uniqueness. RETURNING, not rowcount: in the pipeline only a fetched
+-- result is known.
+INSERT INTO operations (tenant, logical_operation_id, idempotency_key, request_digest, tool, run_id,
+                        step_id, created_at, key_expires_at)
+VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)
+ON CONFLICT DO NOTHING RETURNING tenant;
+
+-- name: operation_bound
+-- Who holds an operation another batch tried to bind.
+SELECT request_digest, run_id, step_id FROM operations
+WHERE tenant = %s AND logical_operation_id = %s;
+
+-- name: upsert_step
+INSERT INTO steps (run_id, step_id, seq, step_revision, tool, effect_class, logical_operation_id,
+                   idempotency_key, request_digest, status, completion_state, external_system,
+                   external_effect_id, output_json, error_json, effect_id, confirmed_at, next_step,
+                   compensation_status, next_action, created_at, updated_at, required_state,
+                   compensates, approval_id)
+VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
+ON CONFLICT (run_id, step_id) DO UPDATE SET
+    seq = excluded.seq, step_revision = excluded.step_revision, tool = excluded.tool,
+    effect_class = excluded.effect_class, logical_operation_id = excluded.logical_operation_id,
+    idempotency_key = excluded.idempotency_key, request_digest = excluded.request_digest,
+    status = excluded.status, completion_state = excluded.completion_state,
+    external_system = excluded.external_system, external_effect_id = excluded.external_effect_id,
+    output_json = excluded.output_json, error_json = excluded.error_json,
+    effect_id = excluded.effect_id, confirmed_at = excluded.confirmed_at,
+    next_step = excluded.next_step, compensation_status = excluded.compensation_status,
+    next_action = excluded.next_action, created_at = excluded.created_at,
+    updated_at = excluded.updated_at, required_state = excluded.required_state,
+    compensates = excluded.compensates, approval_id = excluded.approval_id;
+
+-- name: upsert_attempt
+-- run_id, step_id and number never change after the insert: left out of the SET list, as on
+-- SQLite (where it spares index writes).
+INSERT INTO attempts (attempt_id, run_id, step_id, number, kind, generation, started_at, ended_at,
+                      outcome, error_json, response_digest)
+VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
+ON CONFLICT (attempt_id) DO UPDATE SET
+    kind = excluded.kind, generation = excluded.generation, started_at = excluded.started_at,
+    ended_at = excluded.ended_at, outcome = excluded.outcome, error_json = excluded.error_json,
+    response_digest = excluded.response_digest;
+
+-- name: upsert_effect
+-- run_id, step_id, created_at and compensates are fixed at the insert (indexed; see above).
+INSERT INTO effects (effect_id, tenant, run_id, step_id, tool, tool_call_id, logical_operation_id,
+                     idempotency_key, request_digest, response_digest, status, external_system,
+                     external_effect_id, committed_at, approval_id, compensation_status,
+                     compensates, evidence_json, resolved_by, next_action, version, created_at,
+                     updated_at, effect_id_field)
+VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
+ON CONFLICT (effect_id) DO UPDATE SET
+    tenant = excluded.tenant, tool = excluded.tool, tool_call_id = excluded.tool_call_id,
+    logical_operation_id = excluded.logical_operation_id,
+    idempotency_key = excluded.idempotency_key, request_digest = excluded.request_digest,
+    response_digest = excluded.response_digest, status = excluded.status,
+    external_system = excluded.external_system, external_effect_id = excluded.external_effect_id,
+    committed_at = excluded.committed_at, approval_id = excluded.approval_id,
+    compensation_status = excluded.compensation_status, evidence_json = excluded.evidence_json,
+    resolved_by = excluded.resolved_by, next_action = excluded.next_action,
+    version = excluded.version, updated_at = excluded.updated_at,
+    effect_id_field = excluded.effect_id_field;
+
+-- name: insert_audit
+INSERT INTO audit (run_id, step_id, effect_id, kind, actor, detail_json, at, prev_hash, hash)
+VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s);
+
+-- ---------------------------------------------------------------------------------------------
+-- Seals and shard chains (ledger/audit.py), last in a sealing transaction
+-- ---------------------------------------------------------------------------------------------
+
+-- name: insert_seal
+INSERT INTO seals (run_id, n, rows_json, audit_head, audit_count, at, prev_hash, hash, shard,
+                   shard_seq)
+VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s);
+
+-- name: read_shards
+-- The heads of the shards a transaction seals into (an array), locked in shard order (the rows
+-- are locked as the sort yields them), last in the transaction: a transaction holding a shard
+-- waits for nothing but its COMMIT, so shards never deadlock with run rows or each other.
+SELECT shard, n, head FROM audit_shards WHERE shard = ANY(%s) ORDER BY shard FOR UPDATE;
+
+-- name: lock_index (postgres only)
+-- The index row (audit.INDEX) last, after a transaction's shards: it serializes first uses of a
+-- shard, and each then reads the others' committed ones.
+SELECT n FROM audit_shards WHERE shard = %s FOR UPDATE;
+
+-- name: update_shard
+UPDATE audit_shards SET n = %s, head = %s WHERE shard = %s;
+
+-- name: used_shards
+-- The shards that hold seals, for the index row (audit.INDEX is the parameter).
+SELECT shard FROM audit_shards WHERE n > 0 AND shard <> %s;
+
+-- ---------------------------------------------------------------------------------------------
+-- Leases and claims
+-- ---------------------------------------------------------------------------------------------
+
+-- name: claim_runnable
+-- Lease the oldest runnable runs: running or cancelling, with no live lease or one held by a
+-- dead owner ({or_dead}: "OR lease_owner = ANY(%(dead)s::text[])" when there are dead owners).
+-- Rows another claimer is taking are skipped, never waited for. Named parameters: the code is
+-- both dialects'.
+WITH picked AS (
+    SELECT run_id FROM runs
+    WHERE status IN ('running', 'cancelling')
+      AND (lease_expires_at IS NULL OR lease_expires_at < %(now)s{or_dead})
+    ORDER BY created_at, insert_seq LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED)
+UPDATE runs SET lease_owner = %(owner)s, lease_token = runs.lease_token + 1,
+    lease_expires_at = %(expires)s
+FROM picked WHERE runs.run_id = picked.run_id
+RETURNING runs.*;
+
+-- name: claim
+-- Take one run's lease by compare-and-swap on its token.
+UPDATE runs SET lease_owner = %s, lease_token = lease_token + 1, lease_expires_at = %s
+WHERE run_id = %s AND lease_token = %s
+RETURNING *;
+
+-- name: heartbeat
+-- Extend every held lease in one statement (run ids and tokens as two arrays); a lease missing
+-- from the answer was lost. Rows are locked in run-id order, as group commits lock them, so a
+-- worker's heartbeat and its own commits never deadlock.
+WITH held AS (
+    SELECT runs.run_id FROM runs
+    JOIN unnest(%s::text[], %s::bigint[]) AS lease (run_id, token)
+      ON runs.run_id = lease.run_id AND runs.lease_token = lease.token
+    ORDER BY runs.run_id COLLATE "C"
+    FOR UPDATE OF runs)
+UPDATE runs SET lease_expires_at = %s FROM held
+WHERE runs.run_id = held.run_id
+RETURNING runs.run_id, runs.lease_token;
+
+-- name: release
+-- Give the lease up; a run still to execute is announced to waiting workers.
+WITH released AS (
+    UPDATE runs SET lease_owner = NULL, lease_expires_at = NULL
+    WHERE run_id = %(run_id)s AND lease_token = %(token)s
+    RETURNING run_id, status)
+SELECT pg_notify(%(channel)s, run_id) FROM released WHERE status IN ('running', 'cancelling');
+
+-- name: notify_runnable (postgres only)
+-- A run created for workers, or handed back to them, wakes the ones waiting (LISTEN on the
+-- channel, the first parameter).
+SELECT pg_notify(%s, run_id) FROM runs
+WHERE run_id = %s AND status IN ('running', 'cancelling') AND lease_owner IS NULL;
+
+-- name: async_commit (postgres only)
+-- A deferrable batch under durability=intents: PostgreSQL's WAL is one sequence, so the next
+-- synchronous commit's flush makes this one durable too.
+SET LOCAL synchronous_commit TO off;
+
+-- name: purge_expired_keys
+-- Bindings past retention whose step is settled: a step whose outcome is not known, or that may
+-- still be retried or completed under its key, keeps its binding.
+DELETE FROM operations
+WHERE key_expires_at < %s
+  AND NOT EXISTS (
+      SELECT 1 FROM steps s
+      WHERE s.run_id = operations.run_id AND s.step_id = operations.step_id
+        AND s.status IN ('intent_recorded', 'unknown', 'needs_attention', 'not_committed',
+                         'awaiting_completion'))
+RETURNING tenant, logical_operation_id, run_id, key_expires_at;
+
+-- name: insert_purge_record
+-- The hashed record a purge leaves, which verify accepts as why a sealed binding is gone.
+INSERT INTO purged_keys (tenant, logical_operation_id, run_id, key_expires_at, purged_at, hash)
+VALUES (%s, %s, %s, %s, %s, %s);
+
+-- name: checkpoint_outcome
+-- A local transaction's checkpoint: its attempt's outcome, once the transaction is over.
+SELECT outcome FROM attempts WHERE run_id = %s AND attempt_id = %s;
+
+-- name: settle_lock_timeout (postgres only)
+-- How long settling a lost COMMIT waits for the run's row lock (milliseconds, as text).
+SELECT set_config('lock_timeout', %s, true);
+
+-- name: settle_lock_run (postgres only)
+-- The checkpoint's fence updated the run's row: its lock is held until that transaction ends, so
+-- once it is ours no COMMIT of it can still arrive.
+SELECT 1 FROM runs WHERE run_id = %s FOR UPDATE;
+
+-- ---------------------------------------------------------------------------------------------
+-- Reads (ledger/sql_core.py SQLReads). Rows created at the same moment are ordered by their
+-- insertion (insert_seq).
+-- ---------------------------------------------------------------------------------------------
+
+-- name: get_run
+SELECT * FROM runs WHERE run_id = %s;
+
+-- name: list_runs
+-- Newest first ({where}: the listing's filters).
+SELECT * FROM runs WHERE {where} ORDER BY created_at DESC, insert_seq DESC LIMIT %s;
+
+-- name: runs_to_recover
+-- Running runs with no live lease.
+SELECT * FROM runs
+WHERE status IN ('running', 'cancelling') AND (lease_expires_at IS NULL OR lease_expires_at < %s)
+ORDER BY created_at, insert_seq LIMIT %s;
+
+-- name: leased_running_runs
+-- Running runs that still hold a lease (the runtime checks whether the holder lives).
+SELECT * FROM runs
+WHERE status IN ('running', 'cancelling') AND lease_expires_at IS NOT NULL
+ORDER BY created_at, insert_seq LIMIT %s;
+
+-- name: lease_owners
+SELECT DISTINCT lease_owner FROM runs
+WHERE status IN ('running', 'cancelling') AND lease_expires_at >= %s;
+
+-- name: steps_of_run
+SELECT * FROM steps WHERE run_id = %s ORDER BY seq;
+
+-- name: attempts_of_run
+SELECT * FROM attempts WHERE run_id = %s ORDER BY started_at, number, insert_seq;
+
+-- name: attempts_of_step
+SELECT * FROM attempts WHERE run_id = %s AND step_id = %s ORDER BY number, insert_seq;
+
+-- name: list_effects
+-- Oldest first ({where}: the listing's filters).
+SELECT * FROM effects WHERE {where} ORDER BY created_at, insert_seq LIMIT %s;
+
+-- name: effects_in_doubt
+-- Effects whose outcome is not known and that no unexpired lease covers ({where}: the tenant's
+-- term, "e.tenant = %s AND", or nothing).
+SELECT e.* FROM effects e JOIN runs r ON r.run_id = e.run_id
+WHERE {where}e.status IN ('intent_recorded', 'unknown', 'needs_attention')
+  AND NOT (r.status IN ('running', 'cancelling') AND r.lease_expires_at IS NOT NULL
+           AND r.lease_expires_at >= %s)
+ORDER BY e.created_at, e.insert_seq LIMIT %s;
+
+-- name: get_effect
+SELECT * FROM effects WHERE effect_id = %s;
+
+-- name: get_operation
+SELECT * FROM operations WHERE tenant = %s AND logical_operation_id = %s;
+
+-- name: get_decision
+SELECT * FROM decisions WHERE tenant = %s AND decision_id = %s;
+
+-- name: get_approval
+SELECT * FROM approvals WHERE tenant = %s AND approval_id = %s;
+
+-- name: approvals_of_run
+SELECT * FROM approvals WHERE run_id = %s ORDER BY approved_at, insert_seq;
+
+-- name: approvals_of_step
+SELECT * FROM approvals WHERE run_id = %s AND step_id = %s ORDER BY approved_at, insert_seq;
+
+-- name: audit_of_run
+SELECT * FROM audit WHERE run_id = %s ORDER BY seq;
+
+-- ---------------------------------------------------------------------------------------------
+-- Migrations
+-- ---------------------------------------------------------------------------------------------
+
+-- name: migration_lock (postgres only)
+-- Migrations run under an advisory lock, so processes starting at once apply each one once.
+SELECT pg_advisory_xact_lock(%s);
+
+-- name: create_migrations_table
+CREATE TABLE IF NOT EXISTS schema_migrations
+    (version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at DOUBLE PRECISION NOT NULL);
+
+-- name: applied_migrations
+SELECT version FROM schema_migrations;
+
+-- name: record_migration
+INSERT INTO schema_migrations (version, name, applied_at)
+VALUES (%s, %s, extract(epoch FROM clock_timestamp()));
+
+-- name: schema_version
+SELECT max(version) FROM schema_migrations;
+
+-- name: legacy_approval_waits
+-- Migration 9: the steps that wait for an approval in the form before version 9 (error_json is
+-- the canonical print: sorted keys, no spaces).
+SELECT * FROM steps WHERE status = 'pending' AND error_json LIKE '%%"code":"approval_required"%%';
+
+-- name: keyed_seal
+-- Whether the ledger's seals are keyed (audit.KEYED + '%' is the parameter).
+SELECT 1 FROM seals WHERE hash LIKE %s LIMIT 1;

@@ -1,0 +1,314 @@
+-- The SQLite ledger's statements (see ledger/queries.py for the format).
+-- Placeholders are ?. Run statuses a worker executes: 'running', 'cancelling'. Step statuses whose
+-- outcome is not known yet: 'intent_recorded', 'unknown', 'needs_attention'.
+
+-- ---------------------------------------------------------------------------------------------
+-- The write path: one batch, in the caller's transaction (ledger/sql_core.py)
+-- ---------------------------------------------------------------------------------------------
+
+-- name: insert_run
+-- A new run and its chains' genesis. A run id taken already inserts nothing and returns no row:
+-- the batch is refused on its own (IdempotencyConflict), not the group transaction it shares.
+-- The RETURNING list is the run's head (rowmap.HEAD).
+INSERT INTO runs (run_id, tenant, workflow, workflow_version, input_json, input_digest, status,
+                  output_json, error_json, next_action, generation, created_at, updated_at,
+                  lease_owner, lease_token, lease_expires_at, control_json, workflow_code, scope,
+                  call_id, audit_head, audit_count)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 0)
+ON CONFLICT (run_id) DO NOTHING
+RETURNING audit_head, audit_count, seal_head, seal_count, control_json, status, output_json,
+          error_json, next_action, generation, workflow_version, workflow_code;
+
+-- name: fence_run
+-- A fenced batch: its lease token must still be current. The UPDATE takes the run's write lock
+-- (the file's, under BEGIN IMMEDIATE) and extends the lease; no row means the lease was lost.
+UPDATE runs SET lease_expires_at = ? WHERE run_id = ? AND lease_token = ?
+RETURNING audit_head, audit_count, seal_head, seal_count, control_json, status, output_json,
+          error_json, next_action, generation, workflow_version, workflow_code;
+
+-- name: lock_run
+-- An unfenced batch (a person's decision, a cancel) reads its run's head; BEGIN IMMEDIATE has
+-- locked the file already.
+SELECT audit_head, audit_count, seal_head, seal_count, control_json, status, output_json,
+       error_json, next_action, generation, workflow_version, workflow_code
+FROM runs WHERE run_id = ?;
+
+-- name: update_run
+-- The run columns a batch changes ({assignments}: "column = ?" each).
+UPDATE runs SET {assignments} WHERE run_id = ?;
+
+-- name: expect_run
+-- What a decision was made on, read under the run's lock (ledger/expect.py).
+SELECT * FROM runs WHERE run_id = ?;
+
+-- name: expect_step
+SELECT * FROM steps WHERE run_id = ? AND step_id = ?;
+
+-- name: expect_effect
+SELECT * FROM effects WHERE run_id = ? AND effect_id = ?;
+
+-- name: expect_unapproved
+SELECT approval_id FROM approvals WHERE run_id = ? AND step_id = ? AND request_digest = ? LIMIT 1;
+
+-- name: insert_decision
+-- A decision id taken already (by a concurrent decision too) inserts nothing and returns no row:
+-- IdempotencyConflict, never the driver's unique violation.
+INSERT INTO decisions (decision_id, tenant, params_digest, effect_id, decided_at)
+VALUES (?, ?, ?, ?, ?)
+ON CONFLICT DO NOTHING RETURNING decision_id;
+
+-- name: insert_approval
+INSERT INTO approvals (approval_id, tenant, run_id, step_id, request_digest, approver, note,
+                       approved_at)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?)
+ON CONFLICT DO NOTHING RETURNING approval_id;
+
+-- name: bind_operation
+-- A logical operation bound to its request and step, once. ON CONFLICT without a target also
+-- covers the key's own uniqueness. RETURNING, not rowcount: PostgreSQL's pipeline knows only
+-- fetched results, and both dialects read it the same way.
+INSERT INTO operations (tenant, logical_operation_id, idempotency_key, request_digest, tool, run_id,
+                        step_id, created_at, key_expires_at)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)
+ON CONFLICT DO NOTHING RETURNING tenant;
+
+-- name: operation_bound
+-- Who holds an operation another batch tried to bind.
+SELECT request_digest, run_id, step_id FROM operations
+WHERE tenant = ? AND logical_operation_id = ?;
+
+-- name: upsert_step
+INSERT INTO steps (run_id, step_id, seq, step_revision, tool, effect_class, logical_operation_id,
+                   idempotency_key, request_digest, status, completion_state, external_system,
+                   external_effect_id, output_json, error_json, effect_id, confirmed_at, next_step,
+                   compensation_status, next_action, created_at, updated_at, required_state,
+                   compensates, approval_id)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+ON CONFLICT (run_id, step_id) DO UPDATE SET
+    seq = excluded.seq, step_revision = excluded.step_revision, tool = excluded.tool,
+    effect_class = excluded.effect_class, logical_operation_id = excluded.logical_operation_id,
+    idempotency_key = excluded.idempotency_key, request_digest = excluded.request_digest,
+    status = excluded.status, completion_state = excluded.completion_state,
+    external_system = excluded.external_system, external_effect_id = excluded.external_effect_id,
+    output_json = excluded.output_json, error_json = excluded.error_json,
+    effect_id = excluded.effect_id, confirmed_at = excluded.confirmed_at,
+    next_step = excluded.next_step, compensation_status = excluded.compensation_status,
+    next_action = excluded.next_action, created_at = excluded.created_at,
+    updated_at = excluded.updated_at, required_state = excluded.required_state,
+    compensates = excluded.compensates, approval_id = excluded.approval_id;
+
+-- name: upsert_attempt
+-- run_id, step_id and number never change after the insert and are indexed: left out of the SET
+-- list, since SQLite rewrites the entries of every index whose columns the SET names.
+INSERT INTO attempts (attempt_id, run_id, step_id, number, kind, generation, started_at, ended_at,
+                      outcome, error_json, response_digest)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+ON CONFLICT (attempt_id) DO UPDATE SET
+    kind = excluded.kind, generation = excluded.generation, started_at = excluded.started_at,
+    ended_at = excluded.ended_at, outcome = excluded.outcome, error_json = excluded.error_json,
+    response_digest = excluded.response_digest;
+
+-- name: upsert_effect
+-- run_id, step_id, created_at and compensates are fixed at the insert (indexed; see above).
+INSERT INTO effects (effect_id, tenant, run_id, step_id, tool, tool_call_id, logical_operation_id,
+                     idempotency_key, request_digest, response_digest, status, external_system,
+                     external_effect_id, committed_at, approval_id, compensation_status,
+                     compensates, evidence_json, resolved_by, next_action, version, created_at,
+                     updated_at, effect_id_field)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+ON CONFLICT (effect_id) DO UPDATE SET
+    tenant = excluded.tenant, tool = excluded.tool, tool_call_id = excluded.tool_call_id,
+    logical_operation_id = excluded.logical_operation_id,
+    idempotency_key = excluded.idempotency_key, request_digest = excluded.request_digest,
+    response_digest = excluded.response_digest, status = excluded.status,
+    external_system = excluded.external_system, external_effect_id = excluded.external_effect_id,
+    committed_at = excluded.committed_at, approval_id = excluded.approval_id,
+    compensation_status = excluded.compensation_status, evidence_json = excluded.evidence_json,
+    resolved_by = excluded.resolved_by, next_action = excluded.next_action,
+    version = excluded.version, updated_at = excluded.updated_at,
+    effect_id_field = excluded.effect_id_field;
+
+-- name: insert_audit
+INSERT INTO audit (run_id, step_id, effect_id, kind, actor, detail_json, at, prev_hash, hash)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?);
+
+-- ---------------------------------------------------------------------------------------------
+-- Seals and shard chains (ledger/audit.py), last in a sealing transaction
+-- ---------------------------------------------------------------------------------------------
+
+-- name: insert_seal
+INSERT INTO seals (run_id, n, rows_json, audit_head, audit_count, at, prev_hash, hash, shard,
+                   shard_seq)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?);
+
+-- name: read_shards
+-- The heads of the shards a transaction seals into ({marks}: one ? per shard). The write lock is
+-- the file's, so nothing moves them until the COMMIT.
+SELECT shard, n, head FROM audit_shards WHERE shard IN ({marks});
+
+-- name: move_shard (sqlite only)
+-- A shard's head moved, if it is still where this store left it (by length and head: a rolled
+-- back transaction may leave a memory of the right length and the wrong head). No row: another
+-- process moved it, and the shard is read again.
+UPDATE audit_shards SET n = ?, head = ? WHERE shard = ? AND n = ? AND head = ?;
+
+-- name: update_shard
+UPDATE audit_shards SET n = ?, head = ? WHERE shard = ?;
+
+-- name: used_shards
+-- The shards that hold seals, for the index row (audit.INDEX is the parameter).
+SELECT shard FROM audit_shards WHERE n > 0 AND shard <> ?;
+
+-- ---------------------------------------------------------------------------------------------
+-- Leases and claims
+-- ---------------------------------------------------------------------------------------------
+
+-- name: claim_runnable
+-- Lease the oldest runnable runs: running or cancelling, with no live lease or one held by a
+-- dead owner ({or_dead}: "OR lease_owner IN (:dead_0, ...)" when there are dead owners). BEGIN
+-- IMMEDIATE serializes claimers on one file. Named parameters: the code is both dialects'.
+UPDATE runs SET lease_owner = :owner, lease_token = lease_token + 1, lease_expires_at = :expires
+WHERE run_id IN (
+    SELECT run_id FROM runs
+    WHERE status IN ('running', 'cancelling')
+      AND (lease_expires_at IS NULL OR lease_expires_at < :now{or_dead})
+    ORDER BY created_at LIMIT :limit)
+RETURNING *;
+
+-- name: claim
+-- Take one run's lease by compare-and-swap on its token.
+UPDATE runs SET lease_owner = ?, lease_token = lease_token + 1, lease_expires_at = ?
+WHERE run_id = ? AND lease_token = ?
+RETURNING *;
+
+-- name: heartbeat
+-- Extend one held lease; no row: it was lost.
+UPDATE runs SET lease_expires_at = ? WHERE run_id = ? AND lease_token = ? RETURNING run_id;
+
+-- name: release
+-- Give the lease up (workers poll: nothing to announce on the channel PostgreSQL notifies).
+UPDATE runs SET lease_owner = NULL, lease_expires_at = NULL
+WHERE run_id = :run_id AND lease_token = :token;
+
+-- name: purge_expired_keys
+-- Bindings past retention whose step is settled: a step whose outcome is not known, or that may
+-- still be retried or completed under its key, keeps its binding.
+DELETE FROM operations
+WHERE key_expires_at < ?
+  AND NOT EXISTS (
+      SELECT 1 FROM steps s
+      WHERE s.run_id = operations.run_id AND s.step_id = operations.step_id
+        AND s.status IN ('intent_recorded', 'unknown', 'needs_attention', 'not_committed',
+                         'awaiting_completion'))
+RETURNING tenant, logical_operation_id, run_id, key_expires_at;
+
+-- name: insert_purge_record
+-- The hashed record a purge leaves, which verify accepts as why a sealed binding is gone.
+INSERT INTO purged_keys (tenant, logical_operation_id, run_id, key_expires_at, purged_at, hash)
+VALUES (?, ?, ?, ?, ?, ?);
+
+-- name: checkpoint_outcome
+-- A local transaction's checkpoint: its attempt's outcome, once the transaction is over.
+SELECT outcome FROM attempts WHERE run_id = ? AND attempt_id = ?;
+
+-- ---------------------------------------------------------------------------------------------
+-- Reads (ledger/sql_core.py SQLReads). SQLite keeps insertion order for equal keys of one index
+-- walk, so rows created at the same moment need no tie-breaker column.
+-- ---------------------------------------------------------------------------------------------
+
+-- name: get_run
+SELECT * FROM runs WHERE run_id = ?;
+
+-- name: list_runs
+-- Newest first ({where}: the listing's filters).
+SELECT * FROM runs WHERE {where} ORDER BY created_at DESC LIMIT ?;
+
+-- name: runs_to_recover
+-- Running runs with no live lease.
+SELECT * FROM runs
+WHERE status IN ('running', 'cancelling') AND (lease_expires_at IS NULL OR lease_expires_at < ?)
+ORDER BY created_at LIMIT ?;
+
+-- name: leased_running_runs
+-- Running runs that still hold a lease (the runtime checks whether the holder lives).
+SELECT * FROM runs
+WHERE status IN ('running', 'cancelling') AND lease_expires_at IS NOT NULL
+ORDER BY created_at LIMIT ?;
+
+-- name: lease_owners
+SELECT DISTINCT lease_owner FROM runs
+WHERE status IN ('running', 'cancelling') AND lease_expires_at >= ?;
+
+-- name: steps_of_run
+SELECT * FROM steps WHERE run_id = ? ORDER BY seq;
+
+-- name: attempts_of_run
+SELECT * FROM attempts WHERE run_id = ? ORDER BY started_at, number;
+
+-- name: attempts_of_step
+SELECT * FROM attempts WHERE run_id = ? AND step_id = ? ORDER BY number;
+
+-- name: list_effects
+-- Oldest first ({where}: the listing's filters).
+SELECT * FROM effects WHERE {where} ORDER BY created_at LIMIT ?;
+
+-- name: effects_in_doubt
+-- Effects whose outcome is not known and that no unexpired lease covers ({where}: the tenant's
+-- term, "e.tenant = ? AND", or nothing).
+SELECT e.* FROM effects e JOIN runs r ON r.run_id = e.run_id
+WHERE {where}e.status IN ('intent_recorded', 'unknown', 'needs_attention')
+  AND NOT (r.status IN ('running', 'cancelling') AND r.lease_expires_at IS NOT NULL
+           AND r.lease_expires_at >= ?)
+ORDER BY e.created_at LIMIT ?;
+
+-- name: get_effect
+SELECT * FROM effects WHERE effect_id = ?;
+
+-- name: get_operation
+SELECT * FROM operations WHERE tenant = ? AND logical_operation_id = ?;
+
+-- name: get_decision
+SELECT * FROM decisions WHERE tenant = ? AND decision_id = ?;
+
+-- name: get_approval
+SELECT * FROM approvals WHERE tenant = ? AND approval_id = ?;
+
+-- name: approvals_of_run
+SELECT * FROM approvals WHERE run_id = ? ORDER BY approved_at;
+
+-- name: approvals_of_step
+SELECT * FROM approvals WHERE run_id = ? AND step_id = ? ORDER BY approved_at;
+
+-- name: audit_of_run
+SELECT * FROM audit WHERE run_id = ? ORDER BY seq;
+
+-- ---------------------------------------------------------------------------------------------
+-- Migrations
+-- ---------------------------------------------------------------------------------------------
+
+-- name: create_migrations_table
+CREATE TABLE IF NOT EXISTS schema_migrations
+    (version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at REAL NOT NULL);
+
+-- name: applied_migrations
+SELECT version FROM schema_migrations;
+
+-- name: record_migration
+INSERT INTO schema_migrations (version, name, applied_at) VALUES (?, ?, strftime('%s', 'now'));
+
+-- name: schema_version
+SELECT max(version) FROM schema_migrations;
+
+-- name: file_tables (sqlite only)
+-- The tables of a file about to be opened: one of another application is refused untouched
+-- (read through sqlite_master only, so the file is not changed, not even switched to WAL).
+SELECT name FROM sqlite_master WHERE type = 'table';
+
+-- name: legacy_approval_waits
+-- Migration 9: the steps that wait for an approval in the form before version 9 (error_json is
+-- the canonical print: sorted keys, no spaces).
+SELECT * FROM steps WHERE status = 'pending' AND error_json LIKE '%"code":"approval_required"%';
+
+-- name: keyed_seal
+-- Whether the ledger's seals are keyed (audit.KEYED + '%' is the parameter).
+SELECT 1 FROM seals WHERE hash LIKE ? LIMIT 1;

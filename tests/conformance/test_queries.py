@@ -1,0 +1,193 @@
+"""The ledger's SQL is its named queries, one file per dialect (``ledger/queries/``), and the two files
+agree: the same names, the same columns in the records' order, statuses the records know.
+
+What each statement costs is ``test_query_plans.py``'s (it traces what the stores really run); this
+module holds the files to their shape, so a statement added to one dialect and not the other, a
+column list out of step with its record, or a status written as a literal in Python fails here.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from effectflow.ledger import expect, queries, records, rowmap
+from effectflow.ledger.store import DecisionRecord, OperationBinding
+
+SRC = Path(__file__).resolve().parents[2] / "src" / "effectflow"
+LEDGER = SRC / "ledger"
+
+
+def _shared(dialect: str) -> set[str]:
+    return {q.name for q in queries.load(dialect).values() if q.only is None}
+
+
+def test_both_dialects_define_the_same_names() -> None:
+    """Every statement not marked as one dialect's own is in both files."""
+    sqlite, postgres = _shared("sqlite"), _shared("postgres")
+    assert sqlite - postgres == set(), "in sqlite.sql only: add them to postgres.sql or mark them"
+    assert postgres - sqlite == set(), "in postgres.sql only: add them to sqlite.sql or mark them"
+    assert len(sqlite) > 40
+
+
+def _names_in_code() -> tuple[set[str], set[str]]:
+    """The names the ledger's code asks for (``SQL["x"]``, ``_named("x"``), and every string
+    literal it holds (a name passed on, as the upserts' are)."""
+    asked: set[str] = set()
+    literals: set[str] = set()
+    for path in LEDGER.glob("*.py"):
+        text = path.read_text("utf-8")
+        asked.update(re.findall(r'(?:SQL\[|(?<!\w)_named\()"([a-z0-9_]+)"', text))
+        literals.update(re.findall(r'"([a-z0-9_]+)"', text))
+    # The expectations' reads are named by their subject (``sql_core._check_txn``).
+    expected = {f"expect_{subject.value}" for subject in expect.Subject}
+    return asked, literals | expected
+
+
+@pytest.mark.parametrize("dialect", queries.DIALECTS)
+def test_every_statement_is_used_and_every_use_is_defined(dialect: str) -> None:
+    """A store asks only for names its file defines, and its file holds no statement nobody runs."""
+    defined = set(queries.load(dialect))
+    asked, mentioned = _names_in_code()
+    own_of_other = {
+        q.name for d in queries.DIALECTS if d != dialect for q in queries.load(d).values() if q.only
+    }
+    assert asked - own_of_other - defined == set(), f"{dialect}.sql lacks them"
+    assert defined - mentioned == set(), f"{dialect}.sql defines statements no store runs"
+
+
+#: Each insert's columns: its record's fields in order (as ``rowmap.row_values`` sends them).
+INSERTS = {
+    "insert_run": [*rowmap.RUN_COLUMNS, "audit_head", "audit_count"],
+    "upsert_step": [rowmap.column(f) for f in rowmap.STEP_FIELDS],
+    "upsert_attempt": [rowmap.column(f) for f in rowmap.ATTEMPT_FIELDS],
+    "upsert_effect": [rowmap.column(f) for f in rowmap.EFFECT_FIELDS],
+    "insert_decision": rowmap.fields(DecisionRecord),
+    "insert_approval": rowmap.fields(records.ApprovalRecord),
+    "bind_operation": rowmap.fields(OperationBinding),
+    "insert_audit": [
+        "run_id",
+        "step_id",
+        "effect_id",
+        "kind",
+        "actor",
+        "detail_json",
+        "at",
+        "prev_hash",
+        "hash",
+    ],
+}
+#: Each upsert's columns that a conflict leaves as the insert wrote them: its keys, and the
+#: indexed columns a record never changes (SQLite rewrites the index entries of every SET column).
+KEPT = {
+    "upsert_step": {"run_id", "step_id"},
+    "upsert_attempt": {"attempt_id", "run_id", "step_id", "number"},
+    "upsert_effect": {"effect_id", "run_id", "step_id", "created_at", "compensates"},
+}
+
+
+def _columns(sql: str) -> list[str]:
+    found = re.search(r"INSERT INTO \w+ \(([^)]*)\)", sql)
+    assert found, sql
+    return [c.strip() for c in found.group(1).split(",")]
+
+
+@pytest.mark.parametrize("dialect", queries.DIALECTS)
+@pytest.mark.parametrize("name", sorted(INSERTS))
+def test_insert_columns_follow_the_record(dialect: str, name: str) -> None:
+    """An insert names its record's columns in field order, with one placeholder each."""
+    sql = queries.statements(dialect)[name]
+    assert _columns(sql) == INSERTS[name]
+    values = re.search(r"VALUES\s*\(([^)]*)\)", sql)
+    assert values, sql
+    marks = [v.strip() for v in values.group(1).split(",")]
+    mark = "?" if dialect == "sqlite" else "%s"
+    sent = len(INSERTS[name]) - (1 if name == "insert_run" else 0)  # audit_count starts at 0
+    assert marks.count(mark) == sent
+
+
+@pytest.mark.parametrize("dialect", queries.DIALECTS)
+@pytest.mark.parametrize("name", sorted(KEPT))
+def test_upserts_update_every_column_but_their_keys(dialect: str, name: str) -> None:
+    """A conflict updates every column the record may change, and none it must keep."""
+    sql = queries.statements(dialect)[name]
+    updated = re.findall(r"(\w+) = excluded\.(\w+)", sql)
+    assert all(a == b for a, b in updated)
+    assert {a for a, _ in updated} == set(INSERTS[name]) - KEPT[name]
+
+
+def test_the_dialects_statements_differ_only_where_the_dialects_do() -> None:
+    """Written with each dialect's placeholders, the shared write path's statements are the same
+    text: a change made to one file and not the other shows here."""
+    sqlite, postgres = queries.statements("sqlite"), queries.statements("postgres")
+    same = [
+        "insert_run", "fence_run", "update_run", "expect_run", "expect_step", "expect_effect",
+        "expect_unapproved", "insert_decision", "insert_approval", "bind_operation",
+        "operation_bound", "upsert_step", "upsert_attempt", "upsert_effect", "insert_audit",
+        "insert_seal", "update_shard", "used_shards", "claim", "purge_expired_keys",
+        "insert_purge_record", "checkpoint_outcome", "get_run", "steps_of_run", "get_effect",
+        "get_operation", "get_decision", "get_approval", "audit_of_run", "applied_migrations",
+        "schema_version",
+    ]  # fmt: skip
+    for name in same:
+        assert sqlite[name].replace("?", "%s") == postgres[name], name
+
+
+_STATUSES = {s.value for s in records.RunStatus} | {s.value for s in records.StepStatus}
+
+
+@pytest.mark.parametrize("dialect", queries.DIALECTS)
+def test_statuses_in_the_queries_are_statuses_the_records_know(dialect: str) -> None:
+    """Every status a statement names as a literal is a run or step status of the records."""
+    named = set()
+    for sql in queries.statements(dialect).values():
+        for group in re.findall(r"status\s+IN\s*\(([^)]*)\)", sql):
+            named.update(re.findall(r"'([a-z_]+)'", group))
+    assert named, "the statements name statuses"
+    assert named - _STATUSES == set()
+
+
+def test_no_status_literal_in_python_sql() -> None:
+    """A status is written as SQL only in the named queries: no ``status IN ('...')`` or
+    ``status = '...'`` in the package's Python (the simulated providers' own tables aside)."""
+    pattern = re.compile(r"status\s*(?:IN\s*\(\s*|=\s*)'(" + "|".join(sorted(_STATUSES)) + r")'")
+    found = []
+    for path in SRC.rglob("*.py"):
+        if "testing" in path.relative_to(SRC).parts:
+            continue
+        for number, line in enumerate(path.read_text("utf-8").splitlines(), start=1):
+            if pattern.search(line):
+                found.append(f"{path.relative_to(SRC)}:{number}: {line.strip()}")
+    assert found == []
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("SELECT 1;", "a statement before any '-- name:' line"),
+        ("-- name: a\nSELECT 1;\n-- name: a\nSELECT 2;", "query 'a' is defined twice"),
+        ("-- name: a\n-- why\n", "query 'a' has no statement"),
+        ("-- name: a\nSELECT 1; SELECT 2;", "query 'a' holds more than one statement"),
+    ],
+)
+def test_a_broken_query_file_says_where(text: str, message: str) -> None:
+    """A query file that breaks the format is refused with its line and what is wrong."""
+    with pytest.raises(queries.QueryFileError, match=re.escape(message)) as caught:
+        queries.parse(text, "x.sql")
+    assert str(caught.value).startswith("x.sql:")
+
+
+def test_a_query_keeps_its_doc_and_drops_comments_inside() -> None:
+    """The comment under a name is its doc; comments inside the statement are not sent."""
+    found = queries.parse(
+        "-- name: get_it (sqlite only)\n-- Why it is so.\nSELECT 1\n-- inside\nFROM t;\n", "x.sql"
+    )
+    query = found["get_it"]
+    assert (query.sql, query.doc, query.only, query.line) == (
+        "SELECT 1\nFROM t",
+        "Why it is so.",
+        "sqlite",
+        1,
+    )
