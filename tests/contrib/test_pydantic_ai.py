@@ -468,6 +468,38 @@ def test_an_approval_given_elsewhere_lets_the_call_go_on(sqlite_rt: ef.Runtime) 
     assert len(records()) == 1
 
 
+def test_parallel_approvals_are_two_deferred_calls_answered_together(
+    sqlite_rt: ef.Runtime,
+) -> None:
+    """Two refunds in one model response wait for two approvals; one answer resumes both, and
+    each call runs once."""
+
+    def two_refunds(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        if _returns(messages):
+            return ModelResponse(parts=[TextPart("ok")])
+        return ModelResponse(
+            parts=[
+                ToolCallPart("pai_refund", {"order": o, "amount": 5}, tool_call_id=f"call_{o}")
+                for o in ("a", "b")
+            ]
+        )
+
+    agent = Agent(
+        FunctionModel(two_refunds),
+        capabilities=[ef_pai.Effectflow(sqlite_rt, tools=[refund])],
+        output_type=[str, DeferredToolRequests],
+    )
+    first = agent.run_sync("go")
+    requests = first.output
+    assert sorted(c.tool_call_id for c in requests.approvals) == ["call_a", "call_b"]
+    yes = {"approved": True, "approver": "alice"}
+    results = ef_pai.answer(requests, {"call_a": yes, "call_b": yes})
+    done = agent.run_sync(message_history=first.all_messages(), deferred_tool_results=results)
+    assert done.output == "ok"
+    assert sorted(r["result"]["order"] for r in _returns(done.all_messages())) == ["a", "b"]
+    assert sorted(r["order"] for r in records()) == ["a", "b"]
+
+
 def test_answer_refuses_a_call_effectflow_does_not_wait_for(sqlite_rt: ef.Runtime) -> None:
     """A decision for a tool-call id that is not one of effectflow's pending calls is refused
     before anything is resumed."""
