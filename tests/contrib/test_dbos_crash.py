@@ -71,3 +71,25 @@ def test_a_call_regenerated_by_the_replay_is_not_written_again(tmp_path: Path) -
         [effect] = rt.effects()
         [line] = (state / crash.WORLD_FILE).read_text().splitlines()
         assert effect.external_effect_id == json.loads(line)["key"]
+
+
+def test_a_write_nothing_can_check_ends_at_a_person_not_a_second_line(tmp_path: Path) -> None:
+    """Without a lookup or a key, DBOS's replay cannot be told whether the killed call happened:
+    the workflow waits for a person (its question published, ``DBOS.recv``), the provider holds
+    the one line, and the ledger's attention queue names the call."""
+    state = tmp_path / "no-lookup"
+    state.mkdir()
+    argv = [sys.executable, str(SCRIPT)]
+    result = crash.run_point(
+        [*argv, "start", str(state), "--no-lookup"],
+        [*argv, "recover", str(state), "--no-lookup"],
+        point="after_effect",
+        effects=lambda: crash.count_lines(state / crash.WORLD_FILE),
+    )
+    assert result.killed, result.start_stderr
+    assert result.verdict is crash.Verdict.PERSON_ASKED
+    assert result.effects == 1
+    with ef.Runtime(f"sqlite:///{state / 'ledger.db'}") as rt:
+        [item] = rt.attention()
+        [run] = rt.runs(scope="dbos:harness-turn")
+        assert item.run_id == run.run_id

@@ -4,8 +4,8 @@ docs/integrations/dbos.md).
 
 Usage::
 
-    python benchmarks/compare/hosts/dbos.py start   DIR [--bare] [--model-ids]
-    python benchmarks/compare/hosts/dbos.py recover DIR [--bare] [--model-ids]
+    python benchmarks/compare/hosts/dbos.py start   DIR [--bare] [--model-ids] [--no-lookup]
+    python benchmarks/compare/hosts/dbos.py recover DIR [--bare] [--model-ids] [--no-lookup]
 
 ``start`` launches DBOS (``sqlite:///DIR/dbos.sqlite``) and runs the workflow ``harness-turn``,
 whose write appends one JSON line ``{"key": ..., "text": ...}`` to ``DIR/world.jsonl`` (the outside
@@ -22,7 +22,9 @@ person: its ``effectflow.asked`` event). It prints ``{"status", "needs_person", 
 ``--model-ids`` takes the call id from a scripted model asked in the workflow's own code, outside
 any step, as an agent framework that knows nothing of DBOS would: every run of the workflow — the
 first, and DBOS's replay after a crash — gets a fresh tool-call id (a uuid), so the replayed call
-is a *regenerated* one.
+is a *regenerated* one. ``--no-lookup`` makes the guarded write one nothing can check after a
+crash (no lookup, no idempotency): DBOS's replay then ends at a person, the workflow waiting in
+``DBOS.recv`` with its question published, and ``recover`` says ``needs_person``.
 """
 
 # This script's folder holds ``dbos.py`` (this file) and the other hosts' scripts, named like the
@@ -95,6 +97,12 @@ def append_line(text: str, *, idempotency_key: str) -> dict[str, Any]:
     return _append(text, idempotency_key)
 
 
+@ef.tool("harness_dbos_append_unchecked", effect="external_write", effect_id="key")
+def append_unchecked(text: str, *, idempotency_key: str) -> dict[str, Any]:
+    """Append one line to the file; after a crash, nothing can tell whether it did."""
+    return _append(text, idempotency_key)
+
+
 @DBOS.step()
 def plain_append_line(text: str) -> dict[str, Any]:
     """DBOS alone: append one line, and die right there when told to (a step has no key to give;
@@ -145,12 +153,13 @@ def main(argv: list[str]) -> int:
     parser.add_argument("directory", type=Path)
     parser.add_argument("--bare", action="store_true")
     parser.add_argument("--model-ids", action="store_true")
+    parser.add_argument("--no-lookup", action="store_true")
     args = parser.parse_args(argv)
     World.file = args.directory / crash.WORLD_FILE
     World.model_ids = args.model_ids
     faults = crash.faults_from_env() if args.mode == "start" and not args.bare else None
     with ef.Runtime(f"sqlite:///{args.directory / 'ledger.db'}", faults=faults) as rt:
-        World.append = ef_dbos.guarded(rt, append_line)
+        World.append = ef_dbos.guarded(rt, append_unchecked if args.no_lookup else append_line)
         db = args.directory / "dbos.sqlite"
         config: Any = {"name": "effectflow-harness", "system_database_url": f"sqlite:///{db}"}
         DBOS(config={**config, "log_level": "WARNING"})
@@ -168,7 +177,11 @@ def main(argv: list[str]) -> int:
                     out = _wait(WORKFLOW_ID)
         finally:
             DBOS.destroy()
-    print(json.dumps({**out, "lines": len(_lines())}))
+    print(json.dumps({**out, "lines": len(_lines())}), flush=True)
+    if out["needs_person"]:
+        # The workflow's thread waits in DBOS.recv for the person's decision (for days): a real
+        # host keeps serving it; this one has reported and leaves without joining that thread.
+        os._exit(0)
     return 0
 
 
