@@ -481,6 +481,7 @@ def test_an_approval_given_under_a_policy_since_changed_is_refused_and_asked_aga
     [old_step] = rt.steps(old.run_id)
     assert old_step.status is ef.StepStatus.REJECTED
     assert "policy changed" in str(old_step.error)
+    assert ef_agents.RECHECK in str(old_step.error), "declined by the re-check, not a person"
     final = _resume(agent, _approved(resumed))
     [refunded] = records()
     assert _outputs(final)[-1] == {"status": "done", "happened": True, "result": refunded}

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import json
 from collections.abc import Callable, Collection, Mapping
@@ -49,6 +50,8 @@ SCOPE_PREFIX = "openai-agents"
 #: Who the audit log says approved, when the approval came through ``RunState.approve`` (the SDK
 #: does not say who); ``approver=`` names the person.
 SDK_APPROVER = "openai-agents:RunState.approve"
+#: Who the audit log says declined an approval that no longer holds (the re-check on resume).
+RECHECK = "effectflow:approval-recheck"
 #: What the model is told about a call the ledger answered for an earlier tool-call id.
 ALREADY_DONE = (
     "this was already done earlier in this conversation (the same tool with the same "
@@ -206,9 +209,11 @@ class GuardedCall:
             # The person approved this tool call under another policy (#4896): that approval
             # is spent on nothing; the model asks again and a person decides under this one.
             self._reject(
-                run, ctx, f"the approval policy changed from {policy!r} to {call.policy!r} "
-                "since the approval was asked; a new approval is needed",
-            )  # fmt: skip
+                run,
+                by=RECHECK,
+                reason=f"the approval policy changed from {policy!r} to {call.policy!r} since "
+                "the approval was asked; a new approval is needed",
+            )
             return {"status": "approval_outdated", "happened": False, "error": APPROVAL_OUTDATED}
         if tool_call_id != call.tool_call_id and self._declined_in_sdk(ctx, asked):
             return None
@@ -238,17 +243,16 @@ class GuardedCall:
         if ctx.is_tool_approved(self.tool.name, tool_call_id) is not False:
             return False
         reason = ctx.get_rejection_message(self.tool.name, tool_call_id) or "declined"
-        self._reject(run, ctx, f"declined through the Agents SDK: {reason}")
+        self._reject(
+            run,
+            by=_read(self._approver, ctx, "approver"),
+            reason=f"declined through the Agents SDK: {reason}",
+        )
         return True
 
-    def _reject(self, run: records.RunRecord, ctx: RunContextWrapper[Any], reason: str) -> None:
+    def _reject(self, run: records.RunRecord, *, by: str, reason: str) -> None:
         with contextlib.suppress(errors.StaleState):  # answered meanwhile
-            self.rt.reject(
-                run.run_id,
-                guard_mod.STEP_ID,
-                by=_read(self._approver, ctx, "approver"),
-                reason=reason,
-            )
+            self.rt.reject(run.run_id, guard_mod.STEP_ID, by=by, reason=reason)
 
     def _changed_request(self, call: _Call, exc: errors.IdempotencyConflict) -> dict[str, Any]:
         """The tool-call id was recorded with another request. Waiting for an approval, the
@@ -262,7 +266,7 @@ class GuardedCall:
                 self.rt.reject(
                     own.run_id,
                     guard_mod.STEP_ID,
-                    by="effectflow",
+                    by=RECHECK,
                     reason="the request changed after it was presented for approval",
                 )
             return {"status": "approval_outdated", "happened": False, "error": APPROVAL_OUTDATED}
@@ -290,17 +294,20 @@ class GuardedCall:
         return {"status": "unknown", "happened": None, "message": guard_mod.MAY_HAVE_HAPPENED}
 
 
+@dataclasses.dataclass(frozen=True)
 class _Call:
     """One tool call's identity in the ledger."""
 
-    def __init__(
-        self, *, scope: str, tool_call_id: str, policy: str | None, call_id: str, tool_name: str
-    ) -> None:
-        self.scope = scope
-        self.tool_call_id = tool_call_id
-        self.policy = policy
-        self.call_id = call_id
-        self.tool_name = tool_name
+    #: The ledger's scope (``openai-agents:<conversation>``).
+    scope: str
+    #: The model's tool-call id (``ToolContext.tool_call_id``).
+    tool_call_id: str
+    #: The approval policy the call is made under (None: none given, or no approval needed).
+    policy: str | None
+    #: The guarded call's id (``call_id_of``).
+    call_id: str
+    #: The tool's name, as the SDK knows it.
+    tool_name: str
 
 
 def call_id_of(tool_call_id: str, policy: str | None) -> str:
