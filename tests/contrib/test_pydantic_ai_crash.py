@@ -9,12 +9,19 @@ second time: two lines. With the ``Effectflow`` capability the replayed call is 
 call (the scope comes from the conversation id Pydantic AI derives from the workflow id, the call
 id is the recorded tool-call id): answered from its record, or settled by the lookup; one line at
 every point of the write path.
+
+Without a durable engine (``pai_crash_child.py``) the application saves the conversation when a
+run returns; a kill inside the tool loses the model's turn, and the application asks again in the
+same conversation: the model calls with a new tool-call id. Alone that is a second line; with
+``Effectflow`` the regenerated call is the first one's operation, answered as already done.
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 import sqlite3
+import sys
 from contextlib import closing
 from pathlib import Path
 
@@ -25,6 +32,8 @@ from effectflow.testing import crash
 
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "compare" / "hosts" / "pydantic_ai.py"
 HOST = crash.HostScript(SCRIPT)
+#: Plain Pydantic AI, no durable engine: the application saves the conversation after each run.
+CHILD = Path(__file__).with_name("pai_crash_child.py")
 
 
 def _dbos_steps(directory: Path) -> list[tuple[int, str]]:
@@ -77,3 +86,60 @@ def test_with_effectflow_each_crash_point_leaves_one_line(tmp_path: Path, point:
     # DBOS owns the agent's progress: the model's two requests are its steps, replayed on
     # recovery; the tool's write is no step of DBOS's.
     assert _dbos_steps(state) == [(1, "pai_host__model.request"), (2, "pai_host__model.request")]
+
+
+def _plain(directory: Path, *, bare: bool, point: str = "after_effect") -> crash.PointResult:
+    """A SIGKILL of the plain Pydantic AI process at ``point``, then the application's retry."""
+    flags = ["--bare"] if bare else []
+    argv = [sys.executable, str(CHILD)]
+    return crash.run_point(
+        [*argv, "start", str(directory), *flags],
+        [*argv, "recover", str(directory), *flags],
+        point=point,
+        effects=lambda: crash.count_lines(directory / crash.WORLD_FILE),
+    )
+
+
+def test_plain_pydantic_ai_alone_writes_again_when_the_lost_turn_is_asked_again(
+    tmp_path: Path,
+) -> None:
+    """The control: the kill lost the model's turn; asked again, the model calls with a new id and
+    the tool writes a second line, under a second key."""
+    state = tmp_path / "plain"
+    state.mkdir()
+    result = _plain(state, bare=True)
+    assert result.killed, result.start_stderr
+    assert result.recover_rc == 0, result.recover_stderr
+    assert result.verdict is crash.Verdict.DUPLICATE
+    lines = (state / crash.WORLD_FILE).read_text(encoding="utf-8").splitlines()
+    assert len({json.loads(line)["key"] for line in lines}) == 2
+
+
+@pytest.mark.parametrize("point", crash.POINTS)
+def test_with_effectflow_the_call_asked_again_after_a_lost_turn_is_not_written_again(
+    tmp_path: Path, point: str
+) -> None:
+    """Killed at each point, the turn lost, the request asked again with a new tool-call id: one
+    line: the regenerated call is answered ``already_done`` with the first call's line, and the
+    ledger holds one effect, the first call's."""
+    state = tmp_path / "plain"
+    shutil.rmtree(state, ignore_errors=True)
+    state.mkdir()
+    result = _plain(state, bare=False, point=point)
+    assert result.killed, result.start_stderr
+    assert result.recover_rc == 0, result.recover_stderr
+    assert result.verdict is crash.Verdict.ONCE
+    out = json.loads(result.recover_stdout.splitlines()[-1])
+    [line] = (state / crash.WORLD_FILE).read_text(encoding="utf-8").splitlines()
+    [regenerated] = out["tool_calls"]
+    [told] = out["tool_returns"]
+    with ef.Runtime(f"sqlite:///{state / 'ledger.db'}") as rt:
+        [effect] = rt.effects()
+        assert effect.external_effect_id == json.loads(line)["key"]
+        calls = {r.input["call_id"]: r for r in rt.runs()}
+    # Even killed before its intent, the first call's run was recorded: the call asked again
+    # settles it first (its host is dead: it is recovered and made), then is answered by it.
+    [first] = set(calls) - {regenerated}
+    assert effect.run_id == calls[first].run_id, "the effect is the first call's"
+    assert told["status"] == "already_done"
+    assert told["result"] == json.loads(line)
