@@ -19,7 +19,9 @@ from typing import Any
 
 import pytest
 from temporalio import activity
-from temporalio.exceptions import ApplicationError
+from temporalio.api.failure.v1 import Failure
+from temporalio.converter import DataConverter
+from temporalio.exceptions import ActivityError, ApplicationError, RetryState
 from temporalio.testing import ActivityEnvironment
 
 import effectflow as ef
@@ -286,3 +288,39 @@ def test_the_decorator_form_over_an_ef_tool(rt: ef.Runtime) -> None:
     assert _attempt(send_decorated, "eve", "hey", attempt=2) == result
     assert records() == [result]
     assert activity._Definition.must_from_callable(send_decorated).name == "tmp_send_decorated"
+
+
+def test_the_workflow_finds_the_question_after_temporals_failure_conversion(
+    rt: ef.Runtime,
+) -> None:
+    """The ``NEEDS_PERSON`` error goes to the workflow as Temporal's failure proto inside an
+    ``ActivityError`` (its details as payloads); decoded by Temporal's default data converter, as
+    the workflow's side does, ``asked_of`` gets the same question back, and the decision activity
+    completes the call with it."""
+    act = ef_temporal.guarded(rt, refund)
+    error = _needs_person(act, "E-5", 12, activity_id="9")
+    wrapped = ActivityError(
+        "activity task failed",
+        scheduled_event_id=5,
+        started_event_id=6,
+        identity="worker-1",
+        activity_type="tmp_refund",
+        activity_id="9",
+        retry_state=RetryState.NON_RETRYABLE_FAILURE,
+    )
+    wrapped.__cause__ = error
+    converter = DataConverter.default
+
+    async def round_trip() -> BaseException:
+        failure = Failure()
+        await converter.encode_failure(wrapped, failure)
+        return await converter.decode_failure(failure)
+
+    seen = asyncio.run(round_trip())
+    assert isinstance(seen, ActivityError)
+    asked = ef_temporal.asked_of(seen)
+    assert asked == ef_temporal.asked_of(error)
+    assert asked is not None
+    decide = ef_temporal.decision_activity(rt)
+    result = _attempt(decide, asked, {"approved": True, "approver": "ann"}, activity_id="10")
+    assert records() == [result]
