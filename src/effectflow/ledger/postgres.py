@@ -247,33 +247,28 @@ class PostgresStore(SQLCore, SQLReads):
 
     # -- schema ---------------------------------------------------------------------------------
 
-    def migrate(self) -> list[int]:
-        """Apply the migrations this database has not seen; returns the versions applied."""
-        applied: list[int] = []
-        with self._transaction() as conn:
-            conn.execute(SQL["migration_lock"], (_MIGRATION_LOCK,))
-            conn.execute(SQL["create_migrations_table"])
-            done = {row[0] for row in conn.execute(SQL["applied_migrations"])}
-            known = migrations()[-1][0]
-            if done and max(done) > known:
-                import effectflow
+    def _migrations(self) -> list[tuple[int, str, str]]:
+        return migrations()
 
-                raise errors.LedgerFileError(
-                    f"this PostgreSQL ledger is at schema version {max(done)}; this effectflow "
-                    f"({effectflow.__version__}) knows versions up to {known}. Upgrade effectflow "
-                    "to open it (pip install -U effectflow); nothing was changed"
-                )
-            for version, name, sql in migrations():
-                if version in done:
-                    continue
-                if _has_statements(sql):
-                    conn.execute(sql)  # no parameters: psycopg sends the whole script at once
-                if version in _AFTER_MIGRATION:
-                    _AFTER_MIGRATION[version](conn)
-                self._after_migration(conn, version)
-                conn.execute(SQL["record_migration"], (version, name))
-                applied.append(version)
-        return applied
+    def _lock_migrations(self, conn: Connection) -> None:
+        """An advisory lock for the transaction: processes starting at once wait for it."""
+        conn.execute(SQL["migration_lock"], (_MIGRATION_LOCK,))
+
+    def _run_script(self, conn: Connection, sql: str) -> None:
+        """The whole script at once (no parameters: psycopg sends it as it is); a script of
+        comments only (version 9's work is Python) sends nothing."""
+        if _has_statements(sql):
+            conn.execute(sql)
+
+    def _describe(self) -> str:
+        return "this PostgreSQL ledger"
+
+    def _after_migration(self, conn: Connection, version: int) -> None:
+        """PostgreSQL's own Python steps (version 8: jsonb's print as canonical text), then the
+        shared ones."""
+        if version in _AFTER_MIGRATION:
+            _AFTER_MIGRATION[version](conn)
+        super()._after_migration(conn, version)
 
     def schema_version(self) -> int:
         """The newest migration applied to this database."""

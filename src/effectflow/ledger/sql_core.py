@@ -203,7 +203,54 @@ class SQLCore(abc.ABC):
                 self._many(conn, self.SQL["insert_purge_record"], kept)
             return len(purged)
 
-    # -- migrations written in Python ---------------------------------------------------------
+    # -- migrations ---------------------------------------------------------------------------
+
+    @abc.abstractmethod
+    def _migrations(self) -> list[tuple[int, str, str]]:
+        """The backend's packaged migrations, ``(version, name, sql)`` in order."""
+
+    @abc.abstractmethod
+    def _run_script(self, conn: Any, sql: str) -> None:
+        """Run one migration's SQL script."""
+
+    @abc.abstractmethod
+    def _describe(self) -> str:
+        """How messages name this ledger (its file, or "this PostgreSQL ledger")."""
+
+    @abc.abstractmethod
+    def _lock_migrations(self, conn: Any) -> None:
+        """Make processes that open the ledger at once apply each migration once."""
+
+    def migrate(self) -> list[int]:
+        """Apply the migrations this ledger has not seen, in one transaction; returns the
+        versions applied.
+
+        Raises:
+            errors.LedgerFileError: the ledger is newer than this effectflow (nothing changed).
+        """
+        applied: list[int] = []
+        with self._plain_txn() as conn:
+            self._lock_migrations(conn)
+            self._exec(conn, self.SQL["create_migrations_table"], ())
+            rows = self._rows(conn, self.SQL["applied_migrations"], ())
+            done = {int(r["version"]) for r in rows}
+            known = self._migrations()[-1][0]
+            if done and max(done) > known:
+                import effectflow
+
+                raise errors.LedgerFileError(
+                    f"{self._describe()} is at schema version {max(done)}; this effectflow "
+                    f"({effectflow.__version__}) knows versions up to {known}. Upgrade effectflow "
+                    "to open it (pip install -U effectflow); nothing was changed"
+                )
+            for version, name, sql in self._migrations():
+                if version in done:
+                    continue
+                self._run_script(conn, sql)
+                self._after_migration(conn, version)
+                self._exec(conn, self.SQL["record_migration"], (version, name))
+                applied.append(version)
+        return applied
 
     def _after_migration(self, conn: Any, version: int) -> None:
         """What a migration does after its SQL, in its transaction, through the write path."""

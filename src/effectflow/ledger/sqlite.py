@@ -166,21 +166,20 @@ class SQLiteStore(SQLCore, SQLReads):
 
     # -- schema ---------------------------------------------------------------------------------
 
-    def migrate(self) -> list[int]:
-        """Apply the migrations this file has not seen; returns the versions applied."""
-        applied: list[int] = []
-        with self._write() as conn:
-            conn.execute(self.SQL["create_migrations_table"])
-            done = {row[0] for row in conn.execute(self.SQL["applied_migrations"])}
-            for version, name, sql in migrations():
-                if version in done:
-                    continue
-                for statement in _split_sql(sql):
-                    conn.execute(statement)
-                self._after_migration(conn, version)
-                conn.execute(self.SQL["record_migration"], (version, name))
-                applied.append(version)
-        return applied
+    def _migrations(self) -> list[tuple[int, str, str]]:
+        return migrations()
+
+    def _run_script(self, conn: sqlite3.Connection, sql: str) -> None:
+        """One statement at a time (``sqlite3`` runs one per call); triggers keep their inner
+        semicolons."""
+        for statement in _split_sql(sql):
+            conn.execute(statement)
+
+    def _describe(self) -> str:
+        return self.path
+
+    def _lock_migrations(self, conn: sqlite3.Connection) -> None:
+        """The file's write lock (``BEGIN IMMEDIATE``) is held already."""
 
     def schema_version(self) -> int:
         """The newest migration applied to this file."""
