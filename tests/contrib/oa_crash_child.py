@@ -1,6 +1,6 @@
 """A worker process of the Agents SDK approval flow that the crash test kills, for real.
 
-Usage: ``python oa_crash_child.py approve|resume DIR [--bare]``.
+Usage: ``python oa_crash_child.py approve|resume DIR [--bare | --no-lookup]``.
 
 ``approve`` runs the turn ("refund order o-1") to the SDK's interruption (the tool needs an
 approval), approves it (``RunState.approve``) and saves the ``RunState`` to ``DIR/run_state.json``,
@@ -13,7 +13,9 @@ on, since it keeps no other record of the run.
 ``--bare`` is the SDK alone (a ``@function_tool(needs_approval=True)`` that calls
 ``crash.kill_if("after_effect")`` right after its append); without it, the same append is an
 ``ef.tool`` with ``approval=True`` and a lookup by key, through ``effectflow_tools`` on
-``DIR/ledger.db`` with ``faults=crash.faults_from_env()``.
+``DIR/ledger.db`` with ``faults=crash.faults_from_env()``. ``--no-lookup`` gives that ``ef.tool``
+no lookup (a provider nobody can search): after a kill right after its write, only a person can
+say whether it happened.
 """
 
 from __future__ import annotations
@@ -79,6 +81,12 @@ def refund(order: str, *, idempotency_key: str) -> dict[str, Any]:
     return _append(order, idempotency_key)
 
 
+@ef.tool(TOOL, version=2, effect="external_write", approval=True, effect_id="key")
+def refund_unsearchable(order: str, *, idempotency_key: str) -> dict[str, Any]:
+    """Refund an order (a person approves each refund); the provider cannot be searched."""
+    return _append(order, idempotency_key)
+
+
 @function_tool(name_override=TOOL, needs_approval=True)
 def plain_refund(order: str) -> str:
     """Refund an order, and die right after the write when told to (no key to give)."""
@@ -95,10 +103,13 @@ def _respond(call: ModelCall) -> list[Any]:
     return [model_function_call(TOOL, {"order": "o-1"}, call_id=call_id)]
 
 
-async def _main(rt: ef.Runtime, directory: Path, mode: str, bare: bool) -> dict[str, Any]:
+async def _main(
+    rt: ef.Runtime, directory: Path, mode: str, bare: bool, lookup: bool
+) -> dict[str, Any]:
     set_tracing_disabled(True)
+    guarded = refund if lookup else refund_unsearchable
     tools: list[FunctionTool] = (
-        [plain_refund] if bare else ef_agents.effectflow_tools(rt, [refund], scope=SCOPE)
+        [plain_refund] if bare else ef_agents.effectflow_tools(rt, [guarded], scope=SCOPE)
     )
     model = ScriptedModel([ModelStep.respond(_respond) for _ in range(4)])
     agent = Agent(name="refunds", model=model, tools=tools)
@@ -130,12 +141,18 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("mode", choices=["approve", "resume"])
     parser.add_argument("directory", type=Path)
-    parser.add_argument("--bare", action="store_true")
+    variant = parser.add_mutually_exclusive_group()
+    variant.add_argument("--bare", action="store_true")
+    variant.add_argument("--no-lookup", action="store_true")
     args = parser.parse_args(argv)
     World.file = args.directory / crash.WORLD_FILE
     faults = crash.faults_from_env() if not args.bare else None
     with ef.Runtime(f"sqlite:///{args.directory / 'ledger.db'}", faults=faults) as rt:
-        print(json.dumps(asyncio.run(_main(rt, args.directory, args.mode, args.bare))))
+        print(
+            json.dumps(
+                asyncio.run(_main(rt, args.directory, args.mode, args.bare, not args.no_lookup))
+            )
+        )
     return 0
 
 

@@ -77,11 +77,13 @@ def test_with_effectflow_the_turn_run_again_writes_once_at_every_point(tmp_path:
     report.assert_safe(require_killed=True)
 
 
-def _resume_matrix(directory: Path, *, bare: bool, points: tuple[str, ...]) -> crash.CrashReport:
+def _resume_matrix(
+    directory: Path, *, bare: bool, points: tuple[str, ...], flags: tuple[str, ...] = ()
+) -> crash.CrashReport:
     """Per point: a clean directory, the turn run to its interruption, approved and saved (not
     killed); the resume from that saved state killed at the point; the recovery a resume from
     the same saved state in a fresh process."""
-    flag = ["--bare"] if bare else []
+    flag = ["--bare", *flags] if bare else list(flags)
     resume = [sys.executable, str(CHILD), "resume", str(directory), *flag]
     results = []
     for point in points:
@@ -141,3 +143,36 @@ def test_with_effectflow_the_saved_run_state_resumed_again_refunds_once_at_every
         [run] = rt.runs()
         [approval] = rt.store.approvals(run.run_id, "call")
         assert approval.approver == "openai-agents:RunState.approve"
+
+
+def test_with_effectflow_a_refund_nobody_can_look_up_is_left_to_a_person_not_repeated(
+    tmp_path: Path,
+) -> None:
+    """The provider cannot be searched: killed right after the refund, the resumed call cannot
+    tell whether it happened. It is not made again: the model is told it may have happened, the
+    ledger asks a person; once the person says it happened, the next resume answers ``done``
+    with the provider still holding one refund."""
+    state = tmp_path / "state"
+    report = _resume_matrix(state, bare=False, points=("after_effect",), flags=("--no-lookup",))
+    [result] = report.results
+    assert result.killed, result.start_stderr
+    assert (result.effects, result.needs_person, result.verdict) == (1, True, "person asked")
+    [output] = json.loads(result.recover_stdout)["outputs"]
+    assert json.loads(output)["status"] == "unknown"
+    [line] = _lines(state)
+    with ef.Runtime(f"sqlite:///{state / 'ledger.db'}") as rt:
+        [item] = rt.attention()
+        assert item.effect_id is not None
+        rt.resolve(item.effect_id, committed=True, evidence={"result": line}, by="ops")
+    resumed = subprocess.run(
+        [sys.executable, str(CHILD), "resume", str(state), "--no-lookup"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert resumed.returncode == 0, resumed.stderr
+    out = json.loads(resumed.stdout)
+    [output] = out["outputs"]
+    assert json.loads(output) == {"status": "done", "happened": True, "result": line}
+    assert (out["lines"], out["needs_person"]) == (1, False)
