@@ -6,9 +6,15 @@ the proof; the lines checked here are the ones docs/integrations/temporal.md des
 
 from __future__ import annotations
 
+import asyncio
+import importlib
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
+from temporalio import workflow
+from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "temporal_agent.py"
@@ -38,3 +44,24 @@ def test_the_temporal_example_sends_once_waits_for_a_person_and_exits_0() -> Non
     assert "Shipped" not in heartbeats
     assert "temporal:case-ada:run-1 1: succeeded" in out
     assert out.rstrip().endswith("ok: 1 email and 1 refund, whatever Temporal retried")
+
+
+def test_the_examples_workflow_passes_temporals_sandbox_validation(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``SupportCase`` loads in Temporal's workflow sandbox, which imports the example's module
+    afresh with effectflow in it: the check a ``Worker`` runs on its workflows when it starts (its
+    run is not executed: no server)."""
+    monkeypatch.syspath_prepend(str(EXAMPLE.parent))
+    try:
+        module = importlib.import_module(EXAMPLE.stem)
+        definition = workflow._Definition.must_from_class(module.SupportCase)
+
+        async def validate() -> None:
+            SandboxedWorkflowRunner().prepare_workflow(definition)
+
+        asyncio.run(validate())
+        assert definition.name == "support_case"
+        assert set(definition.signals) == {"decide"}
+    finally:
+        sys.modules.pop(EXAMPLE.stem, None)
