@@ -452,9 +452,18 @@ def test_an_approval_that_says_nobody_is_asked_again_and_the_next_one_applies(
 
 def test_an_approval_given_elsewhere_lets_the_call_go_on(sqlite_rt: ef.Runtime) -> None:
     """Approved in the console or the CLI (``rt.approve``): the resumed run answers with ``{}``
-    ("decided elsewhere") and the call runs once, with the approval already recorded."""
+    ("decided elsewhere") and the call runs once, with the approval already recorded; the same
+    ``{}`` before anyone decided defers the call again, saying so."""
     agent, _ = _agent(sqlite_rt, refund, REFUND)
-    first = agent.run_sync("go")
+    early = agent.run_sync("go")
+    too_soon = agent.run_sync(
+        message_history=early.all_messages(),
+        deferred_tool_results=ef_pai.answer(early.output, {"call_1": {}}),
+    )
+    assert isinstance(too_soon.output, DeferredToolRequests)
+    assert "approved without a decision" in too_soon.output.metadata["call_1"]["refused"]
+    assert records() == []
+    first = too_soon
     asked = first.output.metadata["call_1"]
     sqlite_rt.approve(asked["run_id"], asked["step_id"], approver="carol", approval_id="a-1")
     assert len(records()) == 1, "the approval ran the call: the ledger's run went on"

@@ -260,8 +260,8 @@ class Effectflow(AbstractCapability[Any]):
             try:
                 done: Guarded = await guard()
             except errors.NeedsPerson as asked:
-                if decision is not None:
-                    pending, decision = decision, None
+                pending, decision = decision, None
+                if pending:  # ({} or none: decided elsewhere, yet the ledger still waits)
                     try:
                         await asyncio.to_thread(
                             decisions.apply, self.rt, asked, pending, scope, call_id
