@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import subprocess
+import sys
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -577,3 +579,21 @@ def test_conversation_call_ids_count_only_calls_whose_result_the_model_saw() -> 
         ),
     ]
     assert ef_pai.conversation_call_ids(messages, "now") == {"done"}
+
+
+def test_without_pydantic_ai_the_import_names_the_extra_to_install() -> None:
+    """The integration is optional: where Pydantic AI is missing, importing it says which extra
+    to install (core effectflow imports it nowhere)."""
+    code = (
+        "import sys\n"
+        "sys.modules['pydantic_ai'] = None  # as if not installed\n"
+        "import effectflow\n"
+        "try:\n"
+        "    import effectflow.contrib.pydantic_ai\n"
+        "except ImportError as exc:\n"
+        "    print(exc)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert "pip install 'effectflow[pydantic-ai]'" in done.stdout
