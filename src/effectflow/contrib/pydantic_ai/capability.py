@@ -254,7 +254,8 @@ class Effectflow(AbstractCapability[Any]):
             refused = (
                 "approved without a decision effectflow can record (who decided, and what): "
                 "resume with effectflow.contrib.pydantic_ai.answer(requests, {tool_call_id: "
-                "{'approved': True, 'approver': '<who>'}}), or record it with rt.approve first"
+                "<a decision shaped like this call's resume_with>}), or record it in the ledger "
+                "first (rt.approve, rt.resolve, the console)"
             )
         while True:
             try:
