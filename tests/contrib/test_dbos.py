@@ -6,6 +6,7 @@ The SIGKILL and DBOS's own recovery in a fresh process are in ``test_dbos_crash.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 import uuid
@@ -113,6 +114,12 @@ def catch(arguments: dict[str, Any]) -> str:
     except ef.EffectflowError as exc:
         return f"{type(exc).__name__}:{exc.code}"
     return "done"
+
+
+@DBOS.workflow(name="ef_test_async_call")
+async def async_call(tool: str, arguments: dict[str, Any]) -> Any:
+    """One guarded call from an ``async`` workflow's code."""
+    return await World.calls[tool].run_async(**arguments)
 
 
 def _launch(directory: Path) -> None:
@@ -302,3 +309,44 @@ def test_a_guarded_call_outside_a_workflow_is_refused(rt: ef.Runtime) -> None:
         World.calls["send"](to="x", text="y")
     assert records() == []
     assert rt.runs() == []
+
+
+def test_an_async_workflow_calls_once_and_is_replayed_from_the_record(
+    rt: ef.Runtime, tmp_path: Path
+) -> None:
+    """From an ``async`` workflow the call goes through the same steps (DBOS's asyncio API): one
+    write, and DBOS running the workflow again without the step's checkpoint gets the record."""
+
+    async def run() -> Any:
+        with SetWorkflowID("wf-async"):
+            return await async_call("send", {"to": "fay", "text": "async"})
+
+    first = asyncio.run(run())
+    _relaunch_without_dbos_record(tmp_path)
+    again = asyncio.run(run())
+    assert again == first
+    assert records() == [first]
+    [run_record] = rt.runs(scope="dbos:wf-async")
+    assert run_record.input["call_id"].startswith("step-")
+
+
+def test_an_async_workflow_waits_for_an_approval_on_dbos_messages(rt: ef.Runtime) -> None:
+    """An ``async`` workflow's financial write waits in ``DBOS.recv_async``; the approval sent
+    with ``decide`` is applied and the refund made once."""
+
+    async def run() -> Any:
+        handle = await DBOS.start_workflow_async(
+            async_call, "refund", {"order": "F-6", "amount": 3}
+        )
+        question = await DBOS.get_event_async(handle.workflow_id, ef_dbos.ASKED_EVENT, 30)
+        assert question is not None
+        assert question["kind"] == "approval"
+        assert records() == []
+        await asyncio.to_thread(
+            ef_dbos.decide, handle.workflow_id, {"approved": True, "approver": "gus"}
+        )
+        return await handle.get_result()
+
+    result = asyncio.run(run())
+    assert records() == [result]
+    assert result["order"] == "F-6"

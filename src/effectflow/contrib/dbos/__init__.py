@@ -9,6 +9,7 @@ One import, one line::
     @DBOS.workflow()
     def answer_case(case_id: str) -> None:
         send(to="ann@example.com", body="...")   # a DBOS step through rt.guard
+                                                 # (async workflows: await send.run_async(...))
 
 Scope = the workflow id, call id = the step's function id (DBOS's step counter, stable across
 DBOS's recovery) or a name you give. "Needs a person" waits inside the workflow on DBOS's own

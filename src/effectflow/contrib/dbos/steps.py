@@ -25,8 +25,9 @@ against the first.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Generator, Mapping
 from typing import TYPE_CHECKING, Any
 
 try:
@@ -73,6 +74,33 @@ class NoDecision(errors.EffectflowError):
     attention``, the console), and the workflow stops here with this error."""
 
     code = "no_decision"
+
+
+@dataclasses.dataclass(frozen=True)
+class _Step:
+    """Run ``fn(*args)`` as a DBOS step."""
+
+    options: StepOptions
+    fn: Callable[..., dict[str, Any]]
+    args: tuple[Any, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class _SetEvent:
+    """Publish (or clear, with None) the question as the workflow event ``ASKED_EVENT``."""
+
+    value: dict[str, Any] | None
+
+
+@dataclasses.dataclass(frozen=True)
+class _Recv:
+    """Wait for a message on ``topic`` (None after ``timeout`` seconds)."""
+
+    topic: str
+    timeout: float
+
+
+_Op = _Step | _SetEvent | _Recv
 
 
 def scope_of(workflow_id: str) -> str:
@@ -146,6 +174,10 @@ class GuardedStep:
         """Call the tool from the workflow's code; its recorded result."""
         return self.call(self.tool.bind_arguments(args, kwargs)).value
 
+    async def run_async(self, *args: Any, **kwargs: Any) -> Any:
+        """Call the tool from an ``async`` workflow's code; its recorded result."""
+        return (await self.acall(self.tool.bind_arguments(args, kwargs))).value
+
     def call(
         self,
         arguments: Mapping[str, Any],
@@ -161,6 +193,51 @@ class GuardedStep:
             errors.StepFailed: the provider refused, a person declined, or nothing committed.
             NoDecision: a person was asked and nobody answered within ``wait_seconds``.
         """
+        plan = self._plan(arguments, call_id, new_request)
+        try:
+            op = next(plan)
+            while True:
+                value: Any = None
+                if isinstance(op, _Step):
+                    value = DBOS.run_step(op.options, op.fn, *op.args)
+                elif isinstance(op, _SetEvent):
+                    DBOS.set_event(ASKED_EVENT, op.value)
+                else:
+                    value = DBOS.recv(op.topic, timeout_seconds=op.timeout)
+                op = plan.send(value)
+        except StopIteration as stop:
+            done: guard_mod.Guarded = stop.value
+            return done
+
+    async def acall(
+        self,
+        arguments: Mapping[str, Any],
+        *,
+        call_id: str | None = None,
+        new_request: bool = False,
+    ) -> guard_mod.Guarded:
+        """``call`` from an ``async`` workflow: the same steps through DBOS's asyncio API (the
+        ledger's work runs on a thread, off the workflow's event loop)."""
+        plan = self._plan(arguments, call_id, new_request)
+        try:
+            op = next(plan)
+            while True:
+                value: Any = None
+                if isinstance(op, _Step):
+                    value = await DBOS.run_step_async(op.options, op.fn, *op.args)
+                elif isinstance(op, _SetEvent):
+                    await DBOS.set_event_async(ASKED_EVENT, op.value)
+                else:
+                    value = await DBOS.recv_async(op.topic, timeout_seconds=op.timeout)
+                op = plan.send(value)
+        except StopIteration as stop:
+            done: guard_mod.Guarded = stop.value
+            return done
+
+    def _plan(
+        self, arguments: Mapping[str, Any], call_id: str | None, new_request: bool
+    ) -> Generator[_Op, Any, guard_mod.Guarded]:
+        """The call as the DBOS operations it takes, in order; ``call`` and ``acall`` drive it."""
         workflow_id = DBOS.workflow_id
         if workflow_id is None or DBOS.step_id is not None:
             raise errors.ArgumentError(
@@ -174,20 +251,22 @@ class GuardedStep:
             "max_attempts": 5,
             "should_retry": _transient,
         }
-        outcome: dict[str, Any] = DBOS.run_step(
-            options, self._first, named, workflow_id, call_id, new_request
+        outcome: dict[str, Any] = yield _Step(
+            options, self._first, (named, workflow_id, call_id, new_request)
         )
         while outcome["status"] == "needs_person":
-            DBOS.set_event(ASKED_EVENT, outcome["asked"])
-            decision = DBOS.recv(_topic(outcome["call_id"]), timeout_seconds=self.wait_seconds)
+            yield _SetEvent(outcome["asked"])
+            decision = yield _Recv(_topic(outcome["call_id"]), self.wait_seconds)
             decide_options: StepOptions = {**options, "name": f"{self.step_name}:decide"}
-            outcome = DBOS.run_step(
-                decide_options, self._decide, outcome, decision, named, workflow_id, new_request
+            outcome = yield _Step(
+                decide_options,
+                self._decide,
+                (outcome, decision, named, workflow_id, new_request),
             )
             if outcome["status"] != "needs_person":
-                DBOS.set_event(ASKED_EVENT, None)
+                yield _SetEvent(None)
             elif decision is None:
-                DBOS.set_event(ASKED_EVENT, outcome["asked"])
+                yield _SetEvent(outcome["asked"])
                 raise NoDecision(
                     f"nobody decided {self.tool.ref} (call {outcome['call_id']} of workflow "
                     f"{workflow_id}) within {self.wait_seconds} s; it waits in the ledger as run "
