@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -350,3 +352,13 @@ def test_an_async_workflow_waits_for_an_approval_on_dbos_messages(rt: ef.Runtime
     result = asyncio.run(run())
     assert records() == [result]
     assert result["order"] == "F-6"
+
+
+def test_without_the_dbos_package_the_import_names_the_extra() -> None:
+    """Without dbos installed, importing the integration fails saying which extra to install."""
+    code = "import sys; sys.modules['dbos'] = None; import effectflow.contrib.dbos"
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode != 0
+    assert "pip install 'effectflow[dbos]'" in done.stderr

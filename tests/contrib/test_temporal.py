@@ -13,6 +13,8 @@ import asyncio
 import dataclasses
 import inspect
 import json
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -324,3 +326,14 @@ def test_the_workflow_finds_the_question_after_temporals_failure_conversion(
     decide = ef_temporal.decision_activity(rt)
     result = _attempt(decide, asked, {"approved": True, "approver": "ann"}, activity_id="10")
     assert records() == [result]
+
+
+def test_without_the_temporalio_package_the_import_names_the_extra() -> None:
+    """Without temporalio installed, importing the integration fails saying which extra to
+    install."""
+    code = "import sys; sys.modules['temporalio'] = None; import effectflow.contrib.temporal"
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode != 0
+    assert "pip install 'effectflow[temporal]'" in done.stderr
