@@ -24,11 +24,9 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import json
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from importlib import resources
 from typing import Any, TypeVar
 from urllib.parse import parse_qsl, urlparse, urlunparse
 
@@ -37,17 +35,12 @@ import psycopg_pool
 from psycopg import conninfo as pg_conninfo
 from psycopg.rows import TupleRow, dict_row
 
-from effectflow import digests, errors
+from effectflow import errors
 from effectflow.ledger import audit as audit_chain
-from effectflow.ledger import queries, records
+from effectflow.ledger import queries, records, upgrades
+from effectflow.ledger.edge import ToolRaised, driver_cause, driver_errors
 from effectflow.ledger.local import LocalTransaction
-from effectflow.ledger.sql_core import (
-    CHANNEL,
-    SQLCore,
-    ToolRaised,
-    driver_cause,
-    driver_errors,
-)
+from effectflow.ledger.sql_core import CHANNEL, SQLCore
 from effectflow.ledger.sql_reads import SQLReads
 from effectflow.ledger.store import (
     Batch,
@@ -257,7 +250,7 @@ class PostgresStore(SQLCore, SQLReads):
     def _run_script(self, conn: Connection, sql: str) -> None:
         """The whole script at once (no parameters: psycopg sends it as it is); a script of
         comments only (version 9's work is Python) sends nothing."""
-        if _has_statements(sql):
+        if upgrades.has_statements(sql):
             conn.execute(sql)
 
     def _describe(self) -> str:
@@ -266,8 +259,8 @@ class PostgresStore(SQLCore, SQLReads):
     def _after_migration(self, conn: Connection, version: int) -> None:
         """PostgreSQL's own Python steps (version 8: jsonb's print as canonical text), then the
         shared ones."""
-        if version in _AFTER_MIGRATION:
-            _AFTER_MIGRATION[version](conn)
+        if version in upgrades.POSTGRES_AFTER:
+            upgrades.POSTGRES_AFTER[version](conn)
         super()._after_migration(conn, version)
 
     def schema_version(self) -> int:
@@ -560,56 +553,6 @@ class PostgresStore(SQLCore, SQLReads):
         return f"PostgresStore({where!r}, pool_max={self.pool_max})"
 
 
-#: The JSON columns migration 8 turned from jsonb into TEXT.
-_JSON_COLUMNS = {
-    "runs": ("input_json", "output_json", "error_json", "control_json"),
-    "steps": ("output_json", "error_json"),
-    "attempts": ("error_json",),
-    "effects": ("evidence_json",),
-}
-
-
-def _canonical_json_columns(conn: Connection) -> None:
-    """After migration 8: the JSON text of earlier rows is jsonb's print (spaces, its own key
-    order); rewrite it as the canonical print the write path makes and digests (same values). Read
-    a thousand rows at a time (a server-side cursor): a large ledger is not held in memory."""
-    for table, columns in _JSON_COLUMNS.items():
-        assignments = ", ".join(f"{c} = %s" for c in columns)
-        with conn.cursor(name=f"effectflow_v8_{table}") as read:
-            read.itersize = 1000
-            read.execute(f"SELECT ctid::text, {', '.join(columns)} FROM {table}")
-            while rows := read.fetchmany(1000):
-                fixed = []
-                for ctid, *texts in rows:
-                    canonical = [
-                        None if t is None else digests.canonical_json(json.loads(t)) for t in texts
-                    ]
-                    if canonical != texts:
-                        fixed.append((*canonical, ctid))
-                if fixed:
-                    with conn.cursor() as cur:
-                        cur.executemany(
-                            f"UPDATE {table} SET {assignments} WHERE ctid = %s::tid", fixed
-                        )
-
-
-def _has_statements(sql: str) -> bool:
-    """Whether a migration's script holds a statement, not only comments (version 9's work is
-    all in Python: ``SQLCore._after_migration``)."""
-    return any(line.strip() and not line.strip().startswith("--") for line in sql.splitlines())
-
-
-#: Python that a migration needs after its SQL, in its transaction.
-_AFTER_MIGRATION: dict[int, Callable[[Connection], None]] = {8: _canonical_json_columns}
-
-
 def migrations() -> list[tuple[int, str, str]]:
     """The packaged migrations, ``(version, name, sql)`` in order."""
-    folder = resources.files("effectflow.ledger").joinpath("migrations", "postgres")
-    found = []
-    for entry in folder.iterdir():
-        name = entry.name
-        if name.endswith(".sql"):
-            version = int(name.split("_", 1)[0])
-            found.append((version, name.removesuffix(".sql"), entry.read_text("utf-8")))
-    return sorted(found)
+    return upgrades.packaged("postgres")

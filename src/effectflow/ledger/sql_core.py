@@ -22,8 +22,8 @@ from __future__ import annotations
 import abc
 import dataclasses
 import time
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import AbstractContextManager, contextmanager
+from collections.abc import Mapping, Sequence
+from contextlib import AbstractContextManager
 from typing import Any, ClassVar
 
 from effectflow import digests, errors
@@ -486,41 +486,3 @@ def chain_events(
         prev = digest
         count += 1
     return rows, prev, count
-
-
-class ToolRaised(Exception):
-    """Carries what a local transaction's own statements raised through the store's edge, which
-    translates only the ledger's driver errors: the tool's are its own (``apply_with``)."""
-
-    def __init__(self, original: BaseException) -> None:
-        super().__init__(str(original))
-        self.original = original
-
-
-@contextmanager
-def driver_errors(
-    where: str, transient: tuple[type[BaseException], ...], driver: type[BaseException]
-) -> Iterator[None]:
-    """The backend's edge: a driver's exception leaves the store as a ``LedgerError`` (its cause
-    kept), ``LedgerUnavailable`` when it is one of ``transient``; ``where`` names the ledger."""
-    try:
-        yield
-    except ToolRaised as raised:
-        raise raised.original from raised.original.__cause__
-    except transient as exc:
-        raise errors.LedgerUnavailable(
-            f"the ledger ({where}) could not be reached or written "
-            f"({type(exc).__name__}: {' '.join(str(exc).split())})"
-        ) from exc
-    except driver as exc:
-        raise errors.LedgerError(
-            f"the ledger ({where}) refused a statement "
-            f"({type(exc).__name__}: {' '.join(str(exc).split())}); nothing of it was written"
-        ) from exc
-
-
-def driver_cause(exc: BaseException) -> BaseException:
-    """What the driver raised, under the ``LedgerError`` the edge made of it."""
-    if isinstance(exc, errors.LedgerError) and exc.__cause__ is not None:
-        return exc.__cause__
-    return exc

@@ -23,16 +23,16 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
-from importlib import resources
 from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import parse_qs, urlparse
 
 from effectflow import errors
 from effectflow.ledger import audit as audit_chain
-from effectflow.ledger import queries, records
+from effectflow.ledger import queries, records, upgrades
+from effectflow.ledger.edge import ToolRaised, driver_cause, driver_errors
 from effectflow.ledger.local import LocalTransaction
-from effectflow.ledger.sql_core import SQLCore, ToolRaised, driver_cause, driver_errors
+from effectflow.ledger.sql_core import SQLCore
 from effectflow.ledger.sql_reads import SQLReads
 from effectflow.ledger.store import (
     Batch,
@@ -477,29 +477,7 @@ def _package_version() -> str:
 
 def migrations() -> list[tuple[int, str, str]]:
     """The packaged migrations, ``(version, name, sql)`` in order."""
-    folder = resources.files("effectflow.ledger").joinpath("migrations", "sqlite")
-    found = []
-    for entry in folder.iterdir():
-        name = entry.name
-        if name.endswith(".sql"):
-            version = int(name.split("_", 1)[0])
-            found.append((version, name.removesuffix(".sql"), entry.read_text("utf-8")))
-    return sorted(found)
+    return upgrades.packaged("sqlite")
 
 
-def _split_sql(sql: str) -> list[str]:
-    """Statements of a migration; triggers keep their inner semicolons."""
-    statements: list[str] = []
-    buf: list[str] = []
-    for line in sql.splitlines():
-        stripped = line.strip()
-        if not buf and (not stripped or stripped.startswith("--")):
-            continue
-        buf.append(line)
-        text = "\n".join(buf)
-        if stripped.endswith(";") and sqlite3.complete_statement(text):
-            statements.append(text)
-            buf = []
-    if buf and "\n".join(buf).strip():
-        statements.append("\n".join(buf))
-    return statements
+_split_sql = upgrades.split_sqlite_script
