@@ -549,3 +549,38 @@ def test_arguments_the_schema_rejects_are_refused_before_anything_is_recorded(
     assert "is not of type 'string'" in out["error"]
     assert rt.runs() == []
     assert records() == []
+
+
+def _parallel_model(calls: list[tuple[str, dict[str, Any]]]) -> Model:
+    """A model whose first answer holds several tool calls at once (the SDK runs them
+    concurrently), then text."""
+
+    class Parallel(Model):
+        def _respond(self, call: ModelCall) -> list[Any]:
+            if self.issued:
+                return [assistant_message("done")]
+            self.issued = [f"call_p{i}" for i in range(len(calls))]
+            return [
+                model_function_call(name, args, call_id=call_id)
+                for (name, args), call_id in zip(calls, self.issued, strict=True)
+            ]
+
+    return Parallel(calls[0][0], calls[0][1])
+
+
+def test_parallel_calls_of_one_response_are_each_made_once(rt: ef.Runtime) -> None:
+    """Two different messages in one model response: two guarded calls, two messages; the same
+    message twice in one response (a model's stutter): one message, the second call answered with
+    the first one's result."""
+    other = {"to": "b@example.com", "text": "hi"}
+    agent, _ = _agent(
+        rt, send, SEND, model=_parallel_model([("oa_send", SEND), ("oa_send", other)])
+    )
+    result = _run(agent, "go")
+    assert sorted(o["status"] for o in _outputs(result)) == ["done", "done"]
+    assert sorted(r["to"] for r in records()) == ["a@example.com", "b@example.com"]
+    twice = _parallel_model([("oa_send", SEND), ("oa_send", SEND)])
+    agent, _ = _agent(rt, send, SEND, scope="ticket-9", model=twice)
+    result = _run(agent, "go")
+    assert sorted(o["status"] for o in _outputs(result)) == ["already_done", "done"]
+    assert sorted(r["to"] for r in records()) == ["a@example.com", "a@example.com", "b@example.com"]
