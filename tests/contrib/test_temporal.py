@@ -337,3 +337,13 @@ def test_without_the_temporalio_package_the_import_names_the_extra() -> None:
     )
     assert done.returncode != 0
     assert "pip install 'effectflow[temporal]'" in done.stderr
+
+
+def test_a_scope_of_the_workflow_id_alone_spans_its_runs(rt: ef.Runtime) -> None:
+    """With ``scope=`` naming the workflow id only, a reset's new run asking for the same call is
+    answered from the first run's record instead of writing again."""
+    act = ef_temporal.guarded(rt, send, scope=lambda info: f"temporal:{info.workflow_id}")
+    first = _attempt(act, "gil", "reset", run_id="run-1")
+    again = _attempt(act, "gil", "reset", run_id="run-2")
+    assert again == first
+    assert records() == [first]
