@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import shutil
 import sqlite3
+import subprocess
 import sys
 from contextlib import closing
 from pathlib import Path
@@ -143,3 +144,42 @@ def test_with_effectflow_the_call_asked_again_after_a_lost_turn_is_not_written_a
     assert effect.run_id == calls[first].run_id, "the effect is the first call's"
     assert told["status"] == "already_done"
     assert told["result"] == json.loads(line)
+
+
+def test_a_write_nothing_can_check_ends_at_a_person_and_their_answer_is_its_result(
+    tmp_path: Path,
+) -> None:
+    """No lookup and no key the provider honours: killed right after the write, the recovered run
+    cannot know and ends with ``DeferredToolRequests`` (a person asked, the ledger lists the
+    effect). The person finds the line; their ``committed`` answer, in a new workflow of the same
+    conversation, is recorded and becomes the tool's result. One line throughout."""
+    state = tmp_path / "unchecked"
+    state.mkdir()
+    argv = [sys.executable, "-P", str(SCRIPT)]
+    result = crash.run_point(
+        [*argv, "start", str(state), "--no-lookup"],
+        [*argv, "recover", str(state), "--no-lookup"],
+        point="after_effect",
+        effects=lambda: crash.count_lines(state / crash.WORLD_FILE),
+    )
+    assert result.killed, result.start_stderr
+    assert result.recover_rc == 0, result.recover_stderr
+    assert result.verdict is crash.Verdict.PERSON_ASKED
+    assert crash.ledger_needs_person(f"sqlite:///{state / 'ledger.db'}")()
+    answered = subprocess.run(
+        [*argv, "answer", str(state), "--no-lookup"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert answered.returncode == 0, answered.stderr
+    out = json.loads(answered.stdout.splitlines()[-1])
+    [line] = (state / crash.WORLD_FILE).read_text(encoding="utf-8").splitlines()
+    assert out["needs_person"] is False
+    assert out["tool_returns"] == [{"status": "done", "happened": True, "result": json.loads(line)}]
+    with ef.Runtime(f"sqlite:///{state / 'ledger.db'}") as rt:
+        [effect] = rt.effects()
+        assert effect.status is ef.StepStatus.CONFIRMED
+        assert rt.attention() == []
+        assert any(e.actor == "ops" for e in rt.audit(effect.run_id))

@@ -19,8 +19,14 @@ write is a ``@DBOS.step`` (what DBOS asks of a tool with I/O) that calls
 
 ``recover`` is DBOS's own recovery in a fresh process: ``DBOS.launch()`` resumes the pending
 workflow, whose recorded model step gives the same tool call again, and the tool runs again. It
-prints ``{"status", "needs_person", "lines"}``: ``needs_person`` when the run ended with
-``DeferredToolRequests`` (where effectflow puts what needs a person).
+prints ``{"status", "needs_person", "tool_returns", "lines"}``: ``needs_person`` when the run
+ended with ``DeferredToolRequests`` (where effectflow puts what needs a person).
+
+``--no-lookup`` (with effectflow): the write has no lookup and no key the provider honours, so
+after a kill right after it nothing can tell whether it happened: the recovered run ends with
+``DeferredToolRequests`` (a person asked). ``answer DIR --no-lookup`` is that person: the line is
+in the provider's file, so the decision ``committed`` resumes the conversation in a new workflow
+(``answer`` in ``effectflow.contrib.pydantic_ai``), and the tool's result is the line.
 """
 
 # This script's folder holds ``pydantic_ai.py`` (this file) and the other hosts' scripts, named
@@ -44,7 +50,14 @@ from pathlib import Path
 from typing import Any
 
 from dbos import DBOS, SetWorkflowID
-from pydantic_ai import Agent, DeferredToolRequests, RunContext, Tool
+from pydantic_ai import (
+    Agent,
+    AgentRunResult,
+    DeferredToolRequests,
+    DeferredToolResults,
+    RunContext,
+    Tool,
+)
 from pydantic_ai.durable_exec.dbos import DBOSDurability
 from pydantic_ai.messages import (
     ModelMessage,
@@ -62,6 +75,7 @@ from effectflow.testing import crash
 
 WORKFLOW_ID = "pai-turn"
 TOOL = "harness_pai_append_line"
+UNCHECKED = "harness_pai_append_unchecked"
 
 
 class World:
@@ -98,6 +112,12 @@ def append_line(text: str, *, idempotency_key: str) -> dict[str, Any]:
     return _append(text, idempotency_key)
 
 
+@ef.tool(UNCHECKED, effect="external_write", effect_id="key")
+def append_unchecked(text: str, *, idempotency_key: str) -> dict[str, Any]:
+    """Append one line to the file (``--no-lookup``: nothing can check it afterwards)."""
+    return _append(text, idempotency_key)
+
+
 @DBOS.step()
 async def append_step(text: str, key: str) -> dict[str, Any]:
     """DBOS alone: the write as a step, and the kill right after it (before DBOS checkpoints the
@@ -119,10 +139,11 @@ def fresh_id_model(messages: list[ModelMessage], info: AgentInfo) -> ModelRespon
     if isinstance(last, ModelRequest) and any(isinstance(p, ToolReturnPart) for p in last.parts):
         return ModelResponse(parts=[TextPart("the line is written")])
     call_id = f"call_{uuid.uuid4().hex[:16]}"
-    return ModelResponse(parts=[ToolCallPart(TOOL, {"text": "hello"}, tool_call_id=call_id)])
+    [tool] = info.function_tools  # the one the agent offers (plain, guarded, or unchecked)
+    return ModelResponse(parts=[ToolCallPart(tool.name, {"text": "hello"}, tool_call_id=call_id)])
 
 
-def _agent(rt: ef.Runtime, *, bare: bool) -> Agent[None, Any]:
+def _agent(rt: ef.Runtime, *, bare: bool, lookup: bool = True) -> Agent[None, Any]:
     durability = DBOSDurability[None]()
     if bare:
         tool = Tool(plain_append_line, name=TOOL, takes_ctx=True)
@@ -131,51 +152,92 @@ def _agent(rt: ef.Runtime, *, bare: bool) -> Agent[None, Any]:
     return Agent(
         FunctionModel(fresh_id_model),
         name="pai_host",
-        capabilities=[ef_pai.Effectflow(rt, tools=[append_line]), durability],
+        capabilities=[
+            ef_pai.Effectflow(rt, tools=[append_line if lookup else append_unchecked]),
+            durability,
+        ],
         output_type=[str, DeferredToolRequests],
     )
 
 
 def main(argv: list[str]) -> int:
-    """Run one turn (``start``) or DBOS's recovery (``recover``)."""
+    """Run one turn (``start``), DBOS's recovery (``recover``), or a person's answer
+    (``answer``)."""
     parser = argparse.ArgumentParser()
-    parser.add_argument("mode", choices=["start", "recover"])
+    parser.add_argument("mode", choices=["start", "recover", "answer"])
     parser.add_argument("directory", type=Path)
     parser.add_argument("--bare", action="store_true")
+    parser.add_argument("--no-lookup", action="store_true")
     args = parser.parse_args(argv)
     World.file = args.directory / crash.WORLD_FILE
     faults = crash.faults_from_env() if args.mode == "start" and not args.bare else None
     url = f"sqlite:///{args.directory / 'ledger.db'}"
     with ef.Runtime(url, faults=faults) as rt:
-        agent = _agent(rt, bare=args.bare)
+        agent = _agent(rt, bare=args.bare, lookup=not args.no_lookup)
 
         @DBOS.workflow()
         async def turn(prompt: str) -> dict[str, Any]:
-            result = await agent.run(prompt)
-            deferred = isinstance(result.output, DeferredToolRequests)
-            return {"output": None if deferred else result.output, "needs_person": deferred}
+            return _outcome(await agent.run(prompt))
+
+        @DBOS.workflow()
+        async def resume(history: list[ModelMessage], results: DeferredToolResults) -> Any:
+            return _outcome(await agent.run(message_history=history, deferred_tool_results=results))
 
         system_db = f"sqlite:///{args.directory / 'dbos.sqlite'}"
         DBOS(config={"name": "effectflow-pai-host", "system_database_url": system_db})
         DBOS.launch()  # in ``recover``: resumes this executor's pending workflow
         try:
-            out = asyncio.run(_drive(args.mode, turn))
+            out = asyncio.run(_drive(args.mode, turn, resume))
         finally:
             DBOS.destroy()
-        print(json.dumps({**out, "lines": len(_lines())}))
+        print(json.dumps({**out, "lines": len(_lines())}, default=str))
     return 0
 
 
-async def _drive(mode: str, turn: Any) -> dict[str, Any]:
+def _outcome(result: AgentRunResult[Any]) -> dict[str, Any]:
+    """What a workflow returns (DBOS records it): the conversation, and what waits for a person."""
+    deferred = result.output if isinstance(result.output, DeferredToolRequests) else None
+    returns = [
+        p.content
+        for m in result.all_messages()
+        if isinstance(m, ModelRequest)
+        for p in m.parts
+        if isinstance(p, ToolReturnPart)
+    ]
+    return {
+        "needs_person": deferred is not None,
+        "requests": deferred,
+        "messages": result.all_messages(),
+        "tool_returns": returns,
+    }
+
+
+async def _drive(mode: str, turn: Any, resume: Any) -> dict[str, Any]:
     if mode == "start":
         with SetWorkflowID(WORKFLOW_ID):
             result = await turn("append a line")
         status = "SUCCESS"
-    else:
+    elif mode == "recover":
         handle = await DBOS.retrieve_workflow_async(WORKFLOW_ID)
         result = await handle.get_result()  # waits for the recovery the launch started
         status = (await handle.get_status()).status
-    return {"status": status, "needs_person": bool(result["needs_person"])}
+    else:
+        # A person looked at the provider and found the line: the call happened. The decision
+        # resumes the conversation in a workflow of its own; the ledger records it (rt.resolve).
+        asked = await (await DBOS.retrieve_workflow_async(WORKFLOW_ID)).get_result()
+        requests: DeferredToolRequests = asked["requests"]
+        [pending] = requests.approvals
+        [line] = _lines()
+        decision = {"committed": True, "evidence": {"result": line}, "by": "ops"}
+        results = ef_pai.answer(requests, {pending.tool_call_id: decision})
+        with SetWorkflowID(f"{WORKFLOW_ID}-answer"):
+            result = await resume(asked["messages"], results)
+        status = "SUCCESS"
+    return {
+        "status": status,
+        "needs_person": bool(result["needs_person"]),
+        "tool_returns": result["tool_returns"],
+    }
 
 
 if __name__ == "__main__":
