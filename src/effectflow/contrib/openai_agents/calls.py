@@ -24,6 +24,7 @@ import contextlib
 import dataclasses
 import functools
 import json
+import time
 from collections.abc import Callable, Collection, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -110,12 +111,22 @@ class GuardedCall:
         if isinstance(parsed, str):
             return _content({"status": "refused", "happened": False, "error": parsed})
         call = self._call(ctx, ctx.tool_call_id)
-        for _ in range(_MAX_PASSES):
+        passes = 0
+        deadline = time.monotonic() + guard_mod.IN_PROGRESS_WAIT
+        while passes < _MAX_PASSES:
             try:
                 done = await self._guard(call, parsed, _known_call_ids(ctx, call))
             except errors.NeedsPerson as asked:
                 if asked.kind != "approval":
+                    if time.monotonic() < deadline and await asyncio.to_thread(
+                        self._being_made, asked
+                    ):
+                        # The same request is being made right now (a parallel call of the same
+                        # response, another worker): its answer is this call's too.
+                        await asyncio.sleep(0.05)
+                        continue
                     return _content(_waiting(asked))
+                passes += 1
                 answer = await asyncio.to_thread(self._settle_approval, ctx, call, asked)
                 if answer is None:
                     continue  # recorded the person's decision: the guard answers now
@@ -233,6 +244,19 @@ class GuardedCall:
                 note=f"approved through the Agents SDK for tool call {call.tool_call_id}",
             )
         return None
+
+    def _being_made(self, asked: errors.NeedsPerson) -> bool:
+        """Whether the call the ledger was unsure of is another call of the same request that a
+        live owner is making, or has just made: asked again, the guard answers from it. One left
+        in doubt (paused for a person, ended unsettled) is not waited for."""
+        if asked.run_id is None:
+            return False
+        run = self.rt.store.get_run(asked.run_id, tenant=self.rt.tenant)
+        if run is None:
+            return False
+        if run.status is RunStatus.SUCCEEDED:
+            return True
+        return run.status is RunStatus.RUNNING and self.rt.interruption(run) is None
 
     def _declined_in_sdk(self, ctx: RunContextWrapper[Any], asked: errors.NeedsPerson) -> bool:
         """Whether the call the ledger asks about is one the SDK's person declined
