@@ -8,6 +8,7 @@ column list out of step with its record, or a status written as a literal in Pyt
 
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
 
@@ -32,14 +33,36 @@ def test_both_dialects_define_the_same_names() -> None:
     assert len(sqlite) > 40
 
 
+#: How code asks for a named statement: ``SQL["x"]`` (a store's, ``store.SQL["x"]`` too),
+#: ``sql["x"]`` (a dialect's statements in a local), ``_named("x"``.
+_ASKS = re.compile(r'(?:\bSQL\[|\bsql\[|(?<!\w)_named\()"([a-z0-9_]+)"')
+
+
+def _asking_files() -> list[Path]:
+    """Every module of the ledger (its packages too, ``audit/``), and every other module of the
+    package that asks for a named statement (the CLI's probe of keyed seals)."""
+    ledger = set(LEDGER.rglob("*.py"))
+    others = {
+        p for p in SRC.rglob("*.py") if p not in ledger and _ASKS.search(p.read_text("utf-8"))
+    }
+    return sorted(ledger | others)
+
+
+def test_the_name_scan_reads_the_audit_package_and_the_cli() -> None:
+    """The scan below reads the audit package and the CLI, which ask for names too: a scan that
+    missed them would pass a name no file defines."""
+    scanned = {p.relative_to(SRC).as_posix() for p in _asking_files()}
+    assert {"ledger/audit/verify.py", "ledger/audit/material.py", "cli/main.py"} <= scanned
+
+
 def _names_in_code() -> tuple[set[str], set[str]]:
-    """The names the ledger's code asks for (``SQL["x"]``, ``_named("x"``), and every string
-    literal it holds (a name passed on, as the upserts' are)."""
+    """The names the package's code asks for (``SQL["x"]``, ``sql["x"]``, ``_named("x"``), and
+    every string literal the files that ask hold (a name passed on, as the upserts' are)."""
     asked: set[str] = set()
     literals: set[str] = set()
-    for path in LEDGER.glob("*.py"):
+    for path in _asking_files():
         text = path.read_text("utf-8")
-        asked.update(re.findall(r'(?:SQL\[|(?<!\w)_named\()"([a-z0-9_]+)"', text))
+        asked.update(_ASKS.findall(text))
         literals.update(re.findall(r'"([a-z0-9_]+)"', text))
     # The expectations' reads are named by their subject (``sql_core._check_txn``).
     expected = {f"expect_{subject.value}" for subject in expect.Subject}
@@ -133,6 +156,154 @@ def test_the_dialects_statements_differ_only_where_the_dialects_do() -> None:
     ]  # fmt: skip
     for name in same:
         assert sqlite[name].replace("?", "%s") == postgres[name], name
+
+
+#: Verification's statements that are one text in both dialects (placeholders aside).
+AUDIT_SAME = [
+    "migration_applied_at", "run_heads", "run_head", "operations_of_run", "decisions_of_effect",
+    "seals_of_run", "purge_records", "shard_rows", "chained_seals", "chained_seals_of_shard",
+    "exported_shard_heads", "orphan_runs", "orphan_decisions", "keyed_seal", "chunk_first_runs",
+    "chunk_next_runs", "chunk_steps", "chunk_operations", "chunk_seals", "chunk_audit",
+]  # fmt: skip
+#: Verification's chunk reads that PostgreSQL ends with its tie-breaker, and the tie-breaker.
+AUDIT_TIE_BROKEN = {
+    "chunk_effects": "insert_seq",
+    "chunk_attempts": "insert_seq",
+    "chunk_approvals": "insert_seq",
+    "chunk_decisions": "e.insert_seq",
+}
+
+
+def _flat(sql: str) -> str:
+    return " ".join(sql.split())
+
+
+def test_verifications_statements_differ_only_by_postgres_tie_breakers() -> None:
+    """What ``verify`` reads is the same text in both dialects, but for the ``insert_seq`` that
+    PostgreSQL's orders end with (its tables have it; SQLite's index walks keep insertion order)."""
+    sqlite, postgres = queries.statements("sqlite"), queries.statements("postgres")
+    for name in AUDIT_SAME:
+        assert _flat(sqlite[name]).replace("?", "%s") == _flat(postgres[name]), name
+    for name, tie in AUDIT_TIE_BROKEN.items():
+        assert f"{_flat(sqlite[name]).replace('?', '%s')}, {tie}" == _flat(postgres[name]), name
+
+
+def _order(sql: str) -> str:
+    found = re.search(r"ORDER BY (.*?)(?: LIMIT \S+)?$", _flat(sql))
+    assert found, sql
+    return found.group(1)
+
+
+#: Each chunk read and the reader of one run whose order it keeps (after the run id).
+CHUNK_READERS = {
+    "chunk_steps": "steps_of_run",
+    "chunk_effects": "list_effects",
+    "chunk_attempts": "attempts_of_run",
+    "chunk_approvals": "approvals_of_run",
+    "chunk_seals": "seals_of_run",
+    "chunk_audit": "audit_of_run",
+}
+
+
+@pytest.mark.parametrize("dialect", queries.DIALECTS)
+def test_a_chunk_read_orders_a_runs_rows_as_its_reader_of_one_run(dialect: str) -> None:
+    """The batched reader builds the materials the run-by-run one does only if each table's rows
+    of a run come in the same order: each chunk read orders by the run id, then by its one-run
+    reader's order (decisions by their effects', through the join)."""
+    sql = queries.statements(dialect)
+    for chunk, reader in CHUNK_READERS.items():
+        assert _order(sql[chunk]) == f"run_id, {_order(sql[reader])}", chunk
+    effects = ", ".join(f"e.{c}" for c in _order(sql["list_effects"]).split(", "))
+    assert _order(sql["chunk_decisions"]) == f"e.run_id, {effects}"
+
+
+def test_postgres_statements_hold_no_question_mark() -> None:
+    """A PostgreSQL statement passes ``audit_rows``' conversion of ``?`` placeholders unchanged
+    (the audit code hands the store its own named statements through it)."""
+    assert [n for n, sql in queries.statements("postgres").items() if "?" in sql] == []
+
+
+#: A data statement's start: what the ledger's Python must not hold as a string.
+_DATA_STATEMENT = re.compile(r"\b(?:SELECT\s|INSERT\s+INTO\s|UPDATE\s+\S+\s+SET\s|DELETE\s+FROM\s)")
+#: The ledger's Python that may hold SQL, by module and function, each with why.
+SQL_IN_PYTHON = {
+    ("postgres.py", "_canonical_json_columns"): (
+        "migration 8's rewrite of every JSON column: a read and an update built over the tables "
+        "and their JSON columns, run once when the migration is applied"
+    ),
+}
+
+
+def _strings(tree: ast.AST) -> list[tuple[str, str, int]]:
+    """Every string of a module that is not a docstring, ``(text, enclosing function, line)``;
+    an f-string as its text with ``{}`` for each value."""
+    found: list[tuple[str, str, int]] = []
+
+    def text(node: ast.AST) -> str | None:
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            return node.value
+        if isinstance(node, ast.JoinedStr):
+            return "".join(text(v) or "{}" for v in node.values)
+        return None
+
+    def visit(node: ast.AST, function: str) -> None:
+        body = getattr(node, "body", None)
+        docstring = None
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            if body and isinstance(body[0], ast.Expr):
+                docstring = body[0].value
+            if not isinstance(node, (ast.Module, ast.ClassDef)):
+                function = node.name
+        for child in ast.iter_child_nodes(node):
+            if child is docstring or (isinstance(child, ast.Expr) and child.value is docstring):
+                continue
+            value = text(child)
+            if value is not None:
+                found.append((value, function, child.lineno))  # type: ignore[attr-defined]
+            elif not isinstance(child, ast.FormattedValue):
+                visit(child, function)
+
+    visit(tree, "")
+    return found
+
+
+def test_no_data_statement_in_the_ledgers_python() -> None:
+    """Every SELECT, INSERT, UPDATE and DELETE the ledger runs (its packages too: ``audit/``) is a
+    named query of its dialect files, but the few listed in ``SQL_IN_PYTHON`` with the reason.
+    Transaction control (``BEGIN``, ``SAVEPOINT``, ``COMMIT``) is not a statement of that kind;
+    the simulated providers under ``testing/`` are not the ledger, and keep their own tables."""
+    found: list[str] = []
+    allowed_hit: set[tuple[str, str]] = set()
+    for path in sorted(LEDGER.rglob("*.py")):
+        where = path.relative_to(LEDGER).as_posix()
+        for value, function, line in _strings(ast.parse(path.read_text("utf-8"))):
+            if not _DATA_STATEMENT.search(value):
+                continue
+            if (where, function) in SQL_IN_PYTHON:
+                allowed_hit.add((where, function))
+            else:
+                found.append(f"ledger/{where}:{line} ({function or 'module'}): {value[:60]!r}")
+    assert found == [], "move them into ledger/queries/<dialect>.sql as named queries"
+    assert allowed_hit == set(SQL_IN_PYTHON), "an exception no longer needed: drop it"
+
+
+def test_the_scan_for_data_statements_sees_them() -> None:
+    """The scan above finds a statement written as a string, an f-string or one split over
+    literals, and passes a docstring that names SQL."""
+    source = (
+        '"""A module: SELECT words FROM a docstring."""\n'
+        "A = 'SELECT * FROM runs'\n"
+        "def f(t):\n"
+        '    """UPDATE x SET y in a docstring."""\n'
+        "    return f'UPDATE {t} SET n = ?'\n"
+        "B = ('DELETE ' 'FROM audit')\n"
+    )
+    hits = [(v, f) for v, f, _ in _strings(ast.parse(source)) if _DATA_STATEMENT.search(v)]
+    assert hits == [
+        ("SELECT * FROM runs", ""),
+        ("UPDATE {} SET n = ?", "f"),
+        ("DELETE FROM audit", ""),
+    ]
 
 
 _STATUSES = {s.value for s in records.RunStatus} | {s.value for s in records.StepStatus}

@@ -177,7 +177,7 @@ def audit_verify(
         key = store.audit_key
         problems = [audit.Problem(p.run_id, p.seq, p.message) for p in store.verify_audit(run_id)]
         keyed_ledger = key is None and bool(
-            store.audit_rows("SELECT 1 FROM seals WHERE hash LIKE ? LIMIT 1", (audit.KEYED + "%",))
+            store.audit_rows(store.SQL["keyed_seal"], (audit.KEYED + "%",))
         )
         if against is not None:
             try:

@@ -10,9 +10,11 @@ Rows become records through the backend's own row mappers, in the order its read
 each ``Material`` equals, field by field, the one ``audit.materials`` builds
 (tests/conformance/test_audit_read.py). A store of neither backend is read run by run.
 
-Every chunk statement finds its rows through an index (``operations`` by run and ``decisions`` by
-effect since ledger version 8). ``audit.verify`` reads inside ``store.audit_snapshot``, so on a
-ledger being written every statement sees the same moment.
+The statements are the dialect's named queries (``chunk_*`` in ``ledger/queries/<dialect>.sql``,
+where each orders a run's rows as that dialect's reader of one run does). Every chunk statement
+finds its rows through an index (``operations`` by run and ``decisions`` by effect since ledger
+version 8). ``audit.verify`` reads inside ``store.audit_snapshot``, so on a ledger being written
+every statement sees the same moment.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Protocol
 
 from effectflow import errors
-from effectflow.ledger import audit, rowmap
+from effectflow.ledger import audit, queries, rowmap
 from effectflow.ledger import store as store_mod
 
 #: A row as ``audit_rows`` returns it: column name -> value.
@@ -36,7 +38,13 @@ Mapper = Callable[[Row], Any]
 
 
 class RowReader(Protocol):
-    """What this module needs of a store: read-only queries with ``?`` placeholders."""
+    """What this module needs of a store: its dialect's named statements, and read-only queries
+    (``?`` placeholders, or the dialect's own)."""
+
+    @property
+    def SQL(self) -> Mapping[str, str]:
+        """The dialect's named statements (``ledger/queries/<dialect>.sql``)."""
+        ...
 
     def audit_rows(self, sql: str, params: Sequence[Any]) -> list[dict[str, Any]]:
         """The rows of a read-only query."""
@@ -45,7 +53,8 @@ class RowReader(Protocol):
 
 @dataclasses.dataclass(frozen=True)
 class Dialect:
-    """A backend's row mappers and the order its readers return each table's rows in."""
+    """A backend's row mappers and its named statements, whose chunk reads order each table's rows
+    as its readers of one run do."""
 
     #: ``runs`` row -> ``records.RunRecord``.
     run: Mapper
@@ -59,12 +68,13 @@ class Dialect:
     approval: Mapper
     #: ``audit`` row -> ``records.AuditEvent``.
     event: Mapper
-    #: Per table, the ``ORDER BY`` its reader uses for one run (after ``run_id`` here).
-    order: Mapping[str, str]
+    #: The dialect's named statements (``queries.statements``).
+    sql: Mapping[str, str]
 
 
-def _dialect(order: Mapping[str, str]) -> Dialect:
-    # Both ledgers map rows alike (``rowmap``); they order a run's rows by their own tie-breakers.
+def _dialect(name: str) -> Dialect:
+    # Both ledgers map rows alike (``rowmap``); they order a run's rows by their own tie-breakers,
+    # written in their query files.
     return Dialect(
         run=rowmap.run,
         step=rowmap.step,
@@ -72,34 +82,20 @@ def _dialect(order: Mapping[str, str]) -> Dialect:
         attempt=rowmap.attempt,
         approval=rowmap.approval,
         event=rowmap.event,
-        order=order,
+        sql=queries.statements(name),
     )
 
 
 @functools.cache
 def sqlite_dialect() -> Dialect:
-    """SQLite's orders."""
-    return _dialect(
-        {
-            "steps": "seq",
-            "effects": "created_at",
-            "attempts": "started_at, number",
-            "approvals": "approved_at",
-        }
-    )
+    """SQLite's (its index walks keep insertion order for equal keys: no tie-breaker)."""
+    return _dialect("sqlite")
 
 
 @functools.cache
 def postgres_dialect() -> Dialect:
-    """PostgreSQL's orders (its tables also hold ``insert_seq``, the tie-breaker of its orders)."""
-    return _dialect(
-        {
-            "steps": "seq",
-            "effects": "created_at, insert_seq",
-            "attempts": "started_at, number, insert_seq",
-            "approvals": "approved_at, insert_seq",
-        }
-    )
+    """PostgreSQL's (its tables also hold ``insert_seq``, the tie-breaker of its orders)."""
+    return _dialect("postgres")
 
 
 def dialect_of(store: object) -> Dialect | None:
@@ -144,18 +140,16 @@ def _materials(
 def _run_chunks(store: RowReader, run_id: str | None, chunk: int) -> Iterator[list[Row]]:
     """The ``runs`` rows, ``chunk`` at a time in run id order (through the primary key)."""
     if run_id is not None:
-        found = store.audit_rows("SELECT * FROM runs WHERE run_id = ?", (run_id,))
+        found = store.audit_rows(store.SQL["get_run"], (run_id,))
         if found:
             yield found
         return
     after: str | None = None
     while True:
         rows = (
-            store.audit_rows("SELECT * FROM runs ORDER BY run_id LIMIT ?", (chunk,))
+            store.audit_rows(store.SQL["chunk_first_runs"], (chunk,))
             if after is None
-            else store.audit_rows(
-                "SELECT * FROM runs WHERE run_id > ? ORDER BY run_id LIMIT ?", (after, chunk)
-            )
+            else store.audit_rows(store.SQL["chunk_next_runs"], (after, chunk))
         )
         if rows:
             yield rows
@@ -164,30 +158,26 @@ def _run_chunks(store: RowReader, run_id: str | None, chunk: int) -> Iterator[li
         after = str(rows[-1]["run_id"])
 
 
+#: Per table, the named query that reads a chunk's rows.
+_CHUNK_QUERIES = {
+    "steps": "chunk_steps",
+    "effects": "chunk_effects",
+    "attempts": "chunk_attempts",
+    "approvals": "chunk_approvals",
+    "operations": "chunk_operations",
+    "decisions": "chunk_decisions",
+    "seals": "chunk_seals",
+    "audit": "chunk_audit",
+}
+
+
 def chunk_statements(dialect: Dialect) -> dict[str, str]:
     """Per table, the one statement that reads a chunk's rows (parameters: first and last run id).
 
     Each orders its rows as the backend's reader of one run does, after the run id (the seals and
     the event chain are in chain order; the other tables fill a dict, where order only decides
     which of two rows with one key is kept, as it does in ``audit.materials``)."""
-    within = "WHERE run_id BETWEEN ? AND ? ORDER BY run_id"
-    return {
-        **{
-            table: f"SELECT * FROM {table} {within}, {order}"
-            for table, order in dialect.order.items()
-        },
-        # No order: ``audit.materials`` reads a run's bindings in no order either (no index).
-        "operations": "SELECT * FROM operations WHERE run_id BETWEEN ? AND ?",
-        # A decision is the run's when its effect is: read through the effects of the chunk.
-        "decisions": (
-            "SELECT e.run_id AS effect_run_id, d.* FROM decisions d "
-            "JOIN effects e ON e.effect_id = d.effect_id "
-            "WHERE e.run_id BETWEEN ? AND ? ORDER BY e.run_id, "
-            + ", ".join(f"e.{column}" for column in dialect.order["effects"].split(", "))
-        ),
-        "seals": f"SELECT * FROM seals {within}, n",
-        "audit": f"SELECT * FROM audit {within}, seq",
-    }
+    return {table: dialect.sql[name] for table, name in _CHUNK_QUERIES.items()}
 
 
 def _chunk_materials(

@@ -15,6 +15,7 @@ import sqlite3
 import sys
 from typing import Any
 
+from effectflow.ledger import queries
 from effectflow.ledger.store import open_store
 
 
@@ -30,38 +31,25 @@ def describe(url: str) -> str:
 
 
 def _sqlite(path: str) -> str:
+    sql = queries.statements("sqlite")
     conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
     try:
         lines = []
-        tables = [
-            r[0]
-            for r in conn.execute(
-                "SELECT name FROM sqlite_master WHERE type = 'table' "
-                "AND name NOT LIKE 'sqlite_%' ORDER BY name"
-            )
-        ]
+        tables = [r[0] for r in conn.execute(sql["catalog_tables"])]
         for table in tables:
-            without_rowid = (
-                "WITHOUT ROWID"
-                in (
-                    conn.execute(
-                        "SELECT sql FROM sqlite_master WHERE name = ?", (table,)
-                    ).fetchone()[0]
-                )
-            )
+            create = conn.execute(sql["catalog_table_sql"], (table,)).fetchone()[0]
+            without_rowid = "WITHOUT ROWID" in create
             lines.append(f"table {table}" + (" without rowid" if without_rowid else ""))
-            for _, name, kind, notnull, default, pk in conn.execute(f"PRAGMA table_info({table})"):
+            columns = conn.execute(sql["catalog_columns"].format(table=table))
+            for _, name, kind, notnull, default, pk in columns:
                 lines.append(
                     f"  column {name} {kind or 'ANY'}"
                     + (" NOT NULL" if notnull else "")
                     + (f" DEFAULT {default}" if default is not None else "")
                     + (f" PK{pk}" if pk else "")
                 )
-        for kind, name, table, sql in conn.execute(
-            "SELECT type, name, tbl_name, sql FROM sqlite_master WHERE type IN ('index', 'trigger') "
-            "AND sql IS NOT NULL ORDER BY type, name"
-        ):
-            lines.append(f"{kind} {name} on {table}: {' '.join(sql.split())}")
+        for kind, name, table, statement in conn.execute(sql["catalog_indexes_and_triggers"]):
+            lines.append(f"{kind} {name} on {table}: {' '.join(statement.split())}")
         return "\n".join(lines) + "\n"
     finally:
         conn.close()
@@ -69,43 +57,22 @@ def _sqlite(path: str) -> str:
 
 def _postgres(store: Any) -> str:
     lines = []
-    tables = [
-        r["table_name"]
-        for r in store.audit_rows(
-            "SELECT table_name FROM information_schema.tables WHERE table_schema = current_schema() "
-            "AND table_type = 'BASE TABLE' ORDER BY table_name",
-            (),
-        )
-    ]
+    tables = [r["table_name"] for r in store.audit_rows(store.SQL["catalog_schema_tables"], ())]
     for table in tables:
         lines.append(f"table {table}")
-        for c in store.audit_rows(
-            "SELECT column_name, data_type, is_nullable, column_default, is_identity "
-            "FROM information_schema.columns WHERE table_schema = current_schema() "
-            "AND table_name = ? ORDER BY ordinal_position",
-            (table,),
-        ):
+        for c in store.audit_rows(store.SQL["catalog_schema_columns"], (table,)):
             lines.append(
                 f"  column {c['column_name']} {c['data_type']}"
                 + (" NOT NULL" if c["is_nullable"] == "NO" else "")
                 + (f" DEFAULT {c['column_default']}" if c["column_default"] is not None else "")
                 + (" IDENTITY" if c["is_identity"] == "YES" else "")
             )
-    for r in store.audit_rows(
-        "SELECT indexname, tablename, indexdef FROM pg_indexes WHERE schemaname = current_schema() "
-        "ORDER BY indexname",
-        (),
-    ):
+    for r in store.audit_rows(store.SQL["catalog_indexes"], ()):
         definition = (
             r["indexdef"].replace(" ON public.", " ON ").replace(" ON ONLY public.", " ON ")
         )
         lines.append(f"index {r['indexname']} on {r['tablename']}: {definition}")
-    for r in store.audit_rows(
-        "SELECT DISTINCT trigger_name, event_object_table, action_timing, event_manipulation "
-        "FROM information_schema.triggers WHERE trigger_schema = current_schema() "
-        "ORDER BY trigger_name, event_manipulation",
-        (),
-    ):
+    for r in store.audit_rows(store.SQL["catalog_triggers"], ()):
         lines.append(
             f"trigger {r['trigger_name']} on {r['event_object_table']}: "
             f"{r['action_timing']} {r['event_manipulation']}"

@@ -163,7 +163,9 @@ class SQLReads(abc.ABC):
         return [rowmap.event(r) for r in self._named("audit_of_run", (run_id,))]
 
     def audit_rows(self, sql: str, params: Sequence[Any]) -> list[dict[str, Any]]:
-        """Rows of a read-only query (``?`` placeholders), for ``audit.verify``."""
+        """Rows of a read-only query, for ``audit.verify``: written with ``?`` placeholders, or one
+        of the dialect's own named statements (``SQL``; PostgreSQL's hold no ``?``, so they pass
+        the conversion unchanged: ``tests/conformance/test_queries.py``)."""
         return [dict(r) for r in self._read(self._qmark(sql), params)]
 
     def verify_audit(self, run_id: str | None = None) -> list[AuditProblem]:

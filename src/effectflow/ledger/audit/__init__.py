@@ -69,7 +69,6 @@ from effectflow.ledger.audit.heads import (
 )
 from effectflow.ledger.audit.material import Material, Problem, _material, materials
 from effectflow.ledger.audit.purge import (
-    INSERT_TOMBSTONE,
     purge_hash,
     purged_operations,
     tombstones,
@@ -91,7 +90,6 @@ from effectflow.ledger.audit.seals import INSERT_SEAL, seal_batch
 from effectflow.ledger.audit.shards import (
     INDEX,
     SHARDS,
-    UPDATE_SHARD,
     chain_shards,
     first_uses,
     index_genesis,
@@ -108,7 +106,6 @@ from effectflow.ledger.audit.verify import verify, verify_run
 __all__ = [
     "INDEX",
     "INSERT_SEAL",
-    "INSERT_TOMBSTONE",
     "JSON_FIELDS",
     "KEYED",
     "KEY_ENV",
@@ -116,7 +113,6 @@ __all__ = [
     "RUN_JSON",
     "RUN_STATE",
     "SHARDS",
-    "UPDATE_SHARD",
     "Material",
     "Problem",
     "ShardChain",

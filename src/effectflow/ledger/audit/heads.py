@@ -17,9 +17,6 @@ from effectflow import digests
 from effectflow.ledger.audit import hashes, material, replay
 from effectflow.ledger.audit import shards as sharding
 
-#: Every shard's recorded head (the index row left out), for an exported head.
-SELECT_SHARD_HEADS = "SELECT shard, n, head FROM audit_shards WHERE shard < ? ORDER BY shard"
-
 #: The format an exported head names itself by.
 _FORMAT = "effectflow-audit-head/1"
 
@@ -38,7 +35,7 @@ def head_entry(m: material.Material) -> dict[str, Any]:
 
 def shard_heads(store: Any) -> list[dict[str, Any]]:
     """Every shard's recorded head, for an exported head."""
-    rows = store.audit_rows(SELECT_SHARD_HEADS, (sharding.INDEX,))
+    rows = store.audit_rows(store.SQL["exported_shard_heads"], (sharding.INDEX,))
     return [{"shard": int(r["shard"]), "n": int(r["n"]), "head": str(r["head"])} for r in rows]
 
 

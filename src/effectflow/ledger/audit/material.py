@@ -14,21 +14,6 @@ from typing import Any
 
 from effectflow.ledger.audit import rows as row_names
 
-#: The chains' heads of every run, in run id order.
-SELECT_RUN_HEADS = (
-    "SELECT run_id, audit_head, audit_count, seal_head, seal_count FROM runs ORDER BY run_id"
-)
-#: The chains' heads of one run.
-SELECT_RUN_HEAD = (
-    "SELECT run_id, audit_head, audit_count, seal_head, seal_count FROM runs WHERE run_id = ?"
-)
-#: A run's operation bindings.
-SELECT_RUN_OPERATIONS = "SELECT * FROM operations WHERE run_id = ?"
-#: The decisions about one effect.
-SELECT_EFFECT_DECISIONS = "SELECT * FROM decisions WHERE effect_id = ?"
-#: A run's seals, in their chain's order.
-SELECT_RUN_SEALS = "SELECT * FROM seals WHERE run_id = ? ORDER BY n"
-
 
 @dataclasses.dataclass(frozen=True)
 class Material:
@@ -73,15 +58,15 @@ def _material(store: Any, head: Mapping[str, Any]) -> Material:
     ):
         rows.update((row_names.row_key(table, r), r) for r in found)
     purgeable: set[str] = set()
-    for r in store.audit_rows(SELECT_RUN_OPERATIONS, (rid,)):
+    for r in store.audit_rows(store.SQL["operations_of_run"], (rid,)):
         op = OperationBinding(**{f.name: r[f.name] for f in dataclasses.fields(OperationBinding)})
         rows[row_names.row_key("operations", op)] = op
     for e in effects:
-        for r in store.audit_rows(SELECT_EFFECT_DECISIONS, (e.effect_id,)):
+        for r in store.audit_rows(store.SQL["decisions_of_effect"], (e.effect_id,)):
             d = DecisionRecord(**{f.name: r[f.name] for f in dataclasses.fields(DecisionRecord)})
             rows[row_names.row_key("decisions", d)] = d
     seals = []
-    for r in store.audit_rows(SELECT_RUN_SEALS, (rid,)):
+    for r in store.audit_rows(store.SQL["seals_of_run"], (rid,)):
         seal = dict(r)
         seal["rows"] = json.loads(seal["rows_json"])
         seals.append(seal)
@@ -109,8 +94,8 @@ def materials(store: Any, run_id: str | None = None) -> dict[str, Material]:
     readers: the reference ``audit_read.materials_batched`` (what ``verify`` reads with) is
     tested against."""
     heads = (
-        store.audit_rows(SELECT_RUN_HEADS, ())
+        store.audit_rows(store.SQL["run_heads"], ())
         if run_id is None
-        else store.audit_rows(SELECT_RUN_HEAD, (run_id,))
+        else store.audit_rows(store.SQL["run_head"], (run_id,))
     )
     return {str(h["run_id"]): _material(store, h) for h in heads}

@@ -13,14 +13,6 @@ from typing import Any
 from effectflow import digests
 from effectflow.ledger.audit import hashes, material
 
-#: The statement that records a purged binding.
-INSERT_TOMBSTONE = (
-    "INSERT INTO purged_keys (tenant, logical_operation_id, run_id, key_expires_at, purged_at, "
-    "hash) VALUES (?, ?, ?, ?, ?, ?)"
-)
-#: Every purge record, for ``purged_operations``.
-SELECT_PURGED = "SELECT * FROM purged_keys"
-
 
 def tombstones(
     purged: Iterable[tuple[str, str, str, float]], now: float, key: bytes | None
@@ -53,7 +45,7 @@ def purged_operations(
     verify (edited or forged, written without the key, or purged before their key expired)."""
     excused: set[tuple[str, str]] = set()
     problems: list[material.Problem] = []
-    for r in store.audit_rows(SELECT_PURGED, ()):
+    for r in store.audit_rows(store.SQL["purge_records"], ()):
         fields = (r["tenant"], r["logical_operation_id"], r["run_id"], r["key_expires_at"])
         stored = str(r["hash"])
         keyed = stored.startswith(hashes.KEYED)

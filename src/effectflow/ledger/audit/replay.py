@@ -15,19 +15,6 @@ from typing import Any
 
 from effectflow.ledger.audit import hashes, material, shards
 
-#: Every shard's recorded ``(n, head)``, the index row's too.
-SELECT_SHARDS = "SELECT shard, n, head FROM audit_shards"
-#: Every chained seal, in its shard's order (one sorted scan).
-STREAM_SEALS = (
-    "SELECT shard, shard_seq, run_id, n, hash FROM seals WHERE shard IS NOT NULL "
-    "ORDER BY shard, shard_seq"
-)
-#: One shard's chained seals, in order (``verify --run``: the run's own shard).
-STREAM_SHARD_SEALS = (
-    "SELECT shard, shard_seq, run_id, n, hash FROM seals WHERE shard IS NOT NULL "
-    "AND shard = ? ORDER BY shard, shard_seq"
-)
-
 
 @dataclasses.dataclass(frozen=True)
 class ShardChain:
@@ -108,12 +95,13 @@ def replay_shards(
     problems: list[material.Problem] = []
     chains: list[ShardChain] = []
     recorded = {
-        int(r["shard"]): (int(r["n"]), str(r["head"])) for r in store.audit_rows(SELECT_SHARDS, ())
+        int(r["shard"]): (int(r["n"]), str(r["head"]))
+        for r in store.audit_rows(store.SQL["shard_rows"], ())
     }
     stream = (
-        store.audit_stream(STREAM_SEALS, ())
+        store.audit_stream(store.SQL["chained_seals"], ())
         if only is None
-        else store.audit_stream(STREAM_SHARD_SEALS, (only,))
+        else store.audit_stream(store.SQL["chained_seals_of_shard"], (only,))
     )
     groups = itertools.groupby(stream, _shard_key)
     pending = next(groups, None)

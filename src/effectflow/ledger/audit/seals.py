@@ -1,8 +1,8 @@
 """The seal of one batch: the digests of the rows it wrote, chained to the run's previous seal.
 
-Every batch a run writes appends one seal (``INSERT_SEAL``) in the transaction that writes the
-rows, so a row edited later no longer matches its last seal. The seal gets its place in its
-shard's chain (``shards.chain_shards``) at the end of that transaction.
+Every batch a run writes appends one seal (the named query ``insert_seal``) in the transaction
+that writes the rows, so a row edited later no longer matches its last seal. The seal gets its
+place in its shard's chain (``shards.chain_shards``) at the end of that transaction.
 """
 
 from __future__ import annotations
@@ -12,14 +12,13 @@ from collections.abc import Mapping
 from typing import Any
 
 from effectflow import digests
-from effectflow.ledger import records
+from effectflow.ledger import queries, records
 from effectflow.ledger.audit import hashes, rows
 
-#: The statement that appends a seal (``?`` placeholders; PostgreSQL swaps in ``%s``).
-INSERT_SEAL = (
-    "INSERT INTO seals (run_id, n, rows_json, audit_head, audit_count, at, prev_hash, hash, "
-    "shard, shard_seq) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
-)
+#: The statement that appends a seal, with ``?`` placeholders (the named query ``insert_seal`` of
+#: ``queries/sqlite.sql``; the stores run their own dialect's): for SQL sent by hand to either
+#: backend through a ``?`` reader, as the tamper tests write a forged seal.
+INSERT_SEAL = queries.statements("sqlite")["insert_seal"]
 
 #: The run record's fields (what a batch's ``run_changes`` may name besides the chains' heads).
 _RUN_FIELDS = frozenset(f.name for f in dataclasses.fields(records.RunRecord))

@@ -28,9 +28,6 @@ SHARDS = 64
 #: used for the first time: at most ``SHARDS`` times in a ledger's life.
 INDEX = SHARDS
 
-#: The statement that moves a shard's head (``chain_shards``' rows).
-UPDATE_SHARD = "UPDATE audit_shards SET n = ?, head = ? WHERE shard = ?"
-
 
 def shard_of(run_id: str) -> int:
     """The shard a run's seals are chained in (stable across processes and machines)."""

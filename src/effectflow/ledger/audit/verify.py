@@ -14,19 +14,8 @@ from typing import Any
 
 from effectflow.ledger.audit import hashes, material, purge, replay, rows, shards
 
-#: When a migration ran (``_applied_at``).
-SELECT_APPLIED_AT = "SELECT applied_at FROM schema_migrations WHERE version = ?"
-#: Per table: the runs that table has rows of and that are not in ``runs``.
-SELECT_ORPHANS = {
-    table: f"SELECT DISTINCT run_id FROM {table} "
-    "WHERE run_id NOT IN (SELECT run_id FROM runs) ORDER BY run_id"
-    for table in ("audit", "seals", "steps", "effects", "attempts", "approvals", "operations")
-}
-#: Decisions about effects that are not in ``effects``.
-SELECT_ORPHAN_DECISIONS = (
-    "SELECT DISTINCT decision_id, effect_id FROM decisions "
-    "WHERE effect_id NOT IN (SELECT effect_id FROM effects) ORDER BY decision_id"
-)
+#: The tables whose rows name their run (``_orphans`` reads each for runs that are gone).
+_RUN_TABLES = ("audit", "seals", "steps", "effects", "attempts", "approvals", "operations")
 
 
 def _check_hash(
@@ -203,7 +192,7 @@ def verify_run(
 
 
 def _applied_at(store: Any, version: int) -> float | None:
-    found = store.audit_rows(SELECT_APPLIED_AT, (version,))
+    found = store.audit_rows(store.SQL["migration_applied_at"], (version,))
     return float(found[0]["applied_at"]) if found else None
 
 
@@ -259,12 +248,12 @@ def _orphans(store: Any) -> list[material.Problem]:
     was (a binding for a future operation id), is reported; so is a decision about an effect that
     is not in the ledger."""
     problems: list[material.Problem] = []
-    for table, sql in SELECT_ORPHANS.items():
+    for table in _RUN_TABLES:
         problems.extend(
             material.Problem(str(r["run_id"]), None, f"{table} rows of a run that does not exist")
-            for r in store.audit_rows(sql, ())
+            for r in store.audit_rows(store.SQL["orphan_runs"].format(table=table), ())
         )
-    for r in store.audit_rows(SELECT_ORPHAN_DECISIONS, ()):
+    for r in store.audit_rows(store.SQL["orphan_decisions"], ()):
         problems.append(
             material.Problem(
                 "-",

@@ -349,3 +349,136 @@ SELECT * FROM steps WHERE status = 'pending' AND error_json LIKE '%%"code":"appr
 -- name: keyed_seal
 -- Whether the ledger's seals are keyed (audit.KEYED + '%' is the parameter).
 SELECT 1 FROM seals WHERE hash LIKE %s LIMIT 1;
+
+-- ---------------------------------------------------------------------------------------------
+-- Verification's reads (ledger/audit/): read-only, inside the store's audit_snapshot
+-- ---------------------------------------------------------------------------------------------
+
+-- name: migration_applied_at
+-- When a migration ran: a run older than version 7 (or 8) is excused its missing seals (shards).
+SELECT applied_at FROM schema_migrations WHERE version = %s;
+
+-- name: run_heads
+-- Every run's two chain heads, in run id order (audit.materials, the run-by-run reference).
+SELECT run_id, audit_head, audit_count, seal_head, seal_count FROM runs ORDER BY run_id;
+
+-- name: run_head
+-- One run's chain heads (audit.materials for one run).
+SELECT run_id, audit_head, audit_count, seal_head, seal_count FROM runs WHERE run_id = %s;
+
+-- name: operations_of_run
+-- A run's operation bindings, for their seals (no order: they fill a dict by binding).
+SELECT * FROM operations WHERE run_id = %s;
+
+-- name: decisions_of_effect
+-- The decisions about one effect, for their seals (decisions carry no run id).
+SELECT * FROM decisions WHERE effect_id = %s;
+
+-- name: seals_of_run
+-- A run's seals in their chain's order.
+SELECT * FROM seals WHERE run_id = %s ORDER BY n;
+
+-- name: purge_records
+-- Every purge record: what excuses a sealed binding that is gone.
+SELECT * FROM purged_keys;
+
+-- name: shard_rows
+-- Every shard's recorded length and head, the index row's too: what the replayed chains must
+-- reach.
+SELECT shard, n, head FROM audit_shards;
+
+-- name: chained_seals
+-- Every seal that has a place in a shard's chain, in chain order: one sorted scan (streamed).
+SELECT shard, shard_seq, run_id, n, hash FROM seals WHERE shard IS NOT NULL
+ORDER BY shard, shard_seq;
+
+-- name: chained_seals_of_shard
+-- One shard's chained seals in order (verify --run replays the run's own shard).
+SELECT shard, shard_seq, run_id, n, hash FROM seals WHERE shard IS NOT NULL AND shard = %s
+ORDER BY shard, shard_seq;
+
+-- name: exported_shard_heads
+-- Every shard's head for an exported head; the index row (audit.INDEX, the parameter) left out.
+SELECT shard, n, head FROM audit_shards WHERE shard < %s ORDER BY shard;
+
+-- name: orphan_runs
+-- The run ids a table ({table}: each table with a run_id) has rows of and runs does not: what is
+-- left of a deleted run, or planted for one that never was.
+SELECT DISTINCT run_id FROM {table} WHERE run_id NOT IN (SELECT run_id FROM runs) ORDER BY run_id;
+
+-- name: orphan_decisions
+-- Decisions about effects the ledger does not hold.
+SELECT DISTINCT decision_id, effect_id FROM decisions
+WHERE effect_id NOT IN (SELECT effect_id FROM effects) ORDER BY decision_id;
+
+-- ---------------------------------------------------------------------------------------------
+-- Verification's batched reads (ledger/audit_read.py): a chunk of runs at a time, each table once
+-- a chunk (first and last run id: the run id indexes answer BETWEEN). Each orders a run's rows as
+-- the reader of one run above does, after the run id.
+-- ---------------------------------------------------------------------------------------------
+
+-- name: chunk_first_runs
+-- The first chunk's runs rows, through the primary key in order (LIMIT: the chunk's size).
+SELECT * FROM runs ORDER BY run_id LIMIT %s;
+
+-- name: chunk_next_runs
+-- The next chunk's, after the last run id of the previous one.
+SELECT * FROM runs WHERE run_id > %s ORDER BY run_id LIMIT %s;
+
+-- name: chunk_steps
+SELECT * FROM steps WHERE run_id BETWEEN %s AND %s ORDER BY run_id, seq;
+
+-- name: chunk_effects
+-- Ordered as list_effects orders one run's.
+SELECT * FROM effects WHERE run_id BETWEEN %s AND %s ORDER BY run_id, created_at, insert_seq;
+
+-- name: chunk_attempts
+-- Ordered as attempts_of_run.
+SELECT * FROM attempts WHERE run_id BETWEEN %s AND %s
+ORDER BY run_id, started_at, number, insert_seq;
+
+-- name: chunk_approvals
+-- Ordered as approvals_of_run.
+SELECT * FROM approvals WHERE run_id BETWEEN %s AND %s ORDER BY run_id, approved_at, insert_seq;
+
+-- name: chunk_operations
+-- No order: operations_of_run has none either (no index).
+SELECT * FROM operations WHERE run_id BETWEEN %s AND %s;
+
+-- name: chunk_decisions
+-- A decision belongs to its effect's run: read through the chunk's effects, in their order.
+SELECT e.run_id AS effect_run_id, d.* FROM decisions d JOIN effects e ON e.effect_id = d.effect_id
+WHERE e.run_id BETWEEN %s AND %s ORDER BY e.run_id, e.created_at, e.insert_seq;
+
+-- name: chunk_seals
+-- In each run's chain order.
+SELECT * FROM seals WHERE run_id BETWEEN %s AND %s ORDER BY run_id, n;
+
+-- name: chunk_audit
+-- In each run's chain order.
+SELECT * FROM audit WHERE run_id BETWEEN %s AND %s ORDER BY run_id, seq;
+
+-- ---------------------------------------------------------------------------------------------
+-- The published schema (ledger/schema.py): the catalog of the store's own schema
+-- ---------------------------------------------------------------------------------------------
+
+-- name: catalog_schema_tables (postgres only)
+-- The ledger's tables (views left out), in the store's schema.
+SELECT table_name FROM information_schema.tables WHERE table_schema = current_schema()
+AND table_type = 'BASE TABLE' ORDER BY table_name;
+
+-- name: catalog_schema_columns (postgres only)
+-- A table's columns in their order.
+SELECT column_name, data_type, is_nullable, column_default, is_identity
+FROM information_schema.columns WHERE table_schema = current_schema()
+AND table_name = %s ORDER BY ordinal_position;
+
+-- name: catalog_indexes (postgres only)
+SELECT indexname, tablename, indexdef FROM pg_indexes WHERE schemaname = current_schema()
+ORDER BY indexname;
+
+-- name: catalog_triggers (postgres only)
+-- A trigger on several events has a row per event: one line each, in a stable order.
+SELECT DISTINCT trigger_name, event_object_table, action_timing, event_manipulation
+FROM information_schema.triggers WHERE trigger_schema = current_schema()
+ORDER BY trigger_name, event_manipulation;

@@ -312,3 +312,131 @@ SELECT * FROM steps WHERE status = 'pending' AND error_json LIKE '%"code":"appro
 -- name: keyed_seal
 -- Whether the ledger's seals are keyed (audit.KEYED + '%' is the parameter).
 SELECT 1 FROM seals WHERE hash LIKE ? LIMIT 1;
+
+-- ---------------------------------------------------------------------------------------------
+-- Verification's reads (ledger/audit/): read-only, inside the store's audit_snapshot
+-- ---------------------------------------------------------------------------------------------
+
+-- name: migration_applied_at
+-- When a migration ran: a run older than version 7 (or 8) is excused its missing seals (shards).
+SELECT applied_at FROM schema_migrations WHERE version = ?;
+
+-- name: run_heads
+-- Every run's two chain heads, in run id order (audit.materials, the run-by-run reference).
+SELECT run_id, audit_head, audit_count, seal_head, seal_count FROM runs ORDER BY run_id;
+
+-- name: run_head
+-- One run's chain heads (audit.materials for one run).
+SELECT run_id, audit_head, audit_count, seal_head, seal_count FROM runs WHERE run_id = ?;
+
+-- name: operations_of_run
+-- A run's operation bindings, for their seals (no order: they fill a dict by binding).
+SELECT * FROM operations WHERE run_id = ?;
+
+-- name: decisions_of_effect
+-- The decisions about one effect, for their seals (decisions carry no run id).
+SELECT * FROM decisions WHERE effect_id = ?;
+
+-- name: seals_of_run
+-- A run's seals in their chain's order.
+SELECT * FROM seals WHERE run_id = ? ORDER BY n;
+
+-- name: purge_records
+-- Every purge record: what excuses a sealed binding that is gone.
+SELECT * FROM purged_keys;
+
+-- name: shard_rows
+-- Every shard's recorded length and head, the index row's too: what the replayed chains must
+-- reach.
+SELECT shard, n, head FROM audit_shards;
+
+-- name: chained_seals
+-- Every seal that has a place in a shard's chain, in chain order: one sorted scan (streamed).
+SELECT shard, shard_seq, run_id, n, hash FROM seals WHERE shard IS NOT NULL
+ORDER BY shard, shard_seq;
+
+-- name: chained_seals_of_shard
+-- One shard's chained seals in order (verify --run replays the run's own shard).
+SELECT shard, shard_seq, run_id, n, hash FROM seals WHERE shard IS NOT NULL AND shard = ?
+ORDER BY shard, shard_seq;
+
+-- name: exported_shard_heads
+-- Every shard's head for an exported head; the index row (audit.INDEX, the parameter) left out.
+SELECT shard, n, head FROM audit_shards WHERE shard < ? ORDER BY shard;
+
+-- name: orphan_runs
+-- The run ids a table ({table}: each table with a run_id) has rows of and runs does not: what is
+-- left of a deleted run, or planted for one that never was.
+SELECT DISTINCT run_id FROM {table} WHERE run_id NOT IN (SELECT run_id FROM runs) ORDER BY run_id;
+
+-- name: orphan_decisions
+-- Decisions about effects the ledger does not hold.
+SELECT DISTINCT decision_id, effect_id FROM decisions
+WHERE effect_id NOT IN (SELECT effect_id FROM effects) ORDER BY decision_id;
+
+-- ---------------------------------------------------------------------------------------------
+-- Verification's batched reads (ledger/audit_read.py): a chunk of runs at a time, each table once
+-- a chunk (first and last run id: the run id indexes answer BETWEEN). Each orders a run's rows as
+-- the reader of one run above does, after the run id.
+-- ---------------------------------------------------------------------------------------------
+
+-- name: chunk_first_runs
+-- The first chunk's runs rows, through the primary key in order (LIMIT: the chunk's size).
+SELECT * FROM runs ORDER BY run_id LIMIT ?;
+
+-- name: chunk_next_runs
+-- The next chunk's, after the last run id of the previous one.
+SELECT * FROM runs WHERE run_id > ? ORDER BY run_id LIMIT ?;
+
+-- name: chunk_steps
+SELECT * FROM steps WHERE run_id BETWEEN ? AND ? ORDER BY run_id, seq;
+
+-- name: chunk_effects
+-- Ordered as list_effects orders one run's.
+SELECT * FROM effects WHERE run_id BETWEEN ? AND ? ORDER BY run_id, created_at;
+
+-- name: chunk_attempts
+-- Ordered as attempts_of_run.
+SELECT * FROM attempts WHERE run_id BETWEEN ? AND ? ORDER BY run_id, started_at, number;
+
+-- name: chunk_approvals
+-- Ordered as approvals_of_run.
+SELECT * FROM approvals WHERE run_id BETWEEN ? AND ? ORDER BY run_id, approved_at;
+
+-- name: chunk_operations
+-- No order: operations_of_run has none either (no index).
+SELECT * FROM operations WHERE run_id BETWEEN ? AND ?;
+
+-- name: chunk_decisions
+-- A decision belongs to its effect's run: read through the chunk's effects, in their order.
+SELECT e.run_id AS effect_run_id, d.* FROM decisions d JOIN effects e ON e.effect_id = d.effect_id
+WHERE e.run_id BETWEEN ? AND ? ORDER BY e.run_id, e.created_at;
+
+-- name: chunk_seals
+-- In each run's chain order.
+SELECT * FROM seals WHERE run_id BETWEEN ? AND ? ORDER BY run_id, n;
+
+-- name: chunk_audit
+-- In each run's chain order.
+SELECT * FROM audit WHERE run_id BETWEEN ? AND ? ORDER BY run_id, seq;
+
+-- ---------------------------------------------------------------------------------------------
+-- The published schema (ledger/schema.py): the catalog, read from a file opened read-only
+-- ---------------------------------------------------------------------------------------------
+
+-- name: catalog_tables (sqlite only)
+-- The ledger's tables by name, SQLite's own left out.
+SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%' ORDER BY name;
+
+-- name: catalog_table_sql (sqlite only)
+-- A table's CREATE statement (whether it is WITHOUT ROWID shows only there).
+SELECT sql FROM sqlite_master WHERE name = ?;
+
+-- name: catalog_columns (sqlite only)
+-- A table's columns ({table}: a name catalog_tables gave; PRAGMA takes no parameter).
+PRAGMA table_info({table});
+
+-- name: catalog_indexes_and_triggers (sqlite only)
+-- Indexes and triggers with their statements (an automatic index has none: left out).
+SELECT type, name, tbl_name, sql FROM sqlite_master
+WHERE type IN ('index', 'trigger') AND sql IS NOT NULL ORDER BY type, name;
