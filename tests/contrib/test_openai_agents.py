@@ -17,6 +17,7 @@ from agents import (
     FunctionTool,
     Runner,
     RunState,
+    SQLiteSession,
     function_tool,
     set_tracing_disabled,
 )
@@ -584,3 +585,20 @@ def test_parallel_calls_of_one_response_are_each_made_once(rt: ef.Runtime) -> No
     result = _run(agent, "go")
     assert sorted(o["status"] for o in _outputs(result)) == ["already_done", "done"]
     assert sorted(r["to"] for r in records()) == ["a@example.com", "a@example.com", "b@example.com"]
+
+
+def test_with_a_session_a_repeat_after_the_result_is_a_new_request(rt: ef.Runtime) -> None:
+    """The SDK's ``SQLiteSession`` gives each run the conversation so far: the model that sends
+    the message again after it saw the result asks knowingly, and a second message is sent."""
+
+    async def two_turns() -> list[dict[str, Any]]:
+        session = SQLiteSession("ticket-7")
+        try:
+            agent, _ = _agent(rt, send, SEND)
+            await Runner.run(agent, "go", session=session)
+            return _outputs(await Runner.run(agent, "again", session=session))
+        finally:
+            session.close()
+
+    assert [o["status"] for o in asyncio.run(two_turns())][-1] == "done"
+    assert len(records()) == 2
