@@ -1,111 +1,23 @@
 """The OpenAPI 3.1 document of the API, published at ``GET /api/v1/openapi.json``.
 
-Paths are written out here by hand, next to nothing else, so a reviewer reads the whole surface in
-one place; the record schemas are derived from the ledger's frozen dataclasses, so they cannot drift
-from what ``to_dict()`` returns. A test checks that every route of the app is in the document.
+Paths are written out here by hand, one function per group (the service's own, the reads, the
+actions), so a reviewer reads the whole surface in one place; the schemas they reference are
+:mod:`.schemas`, derived from the ledger's frozen dataclasses where they describe records. A test
+checks that every route of the app is in the document.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import enum
-import types
-import typing
 from typing import Any
 
-from effectflow.api import problems
+from effectflow.api import problems, schemas
 from effectflow.ledger import records
-from effectflow.runtime import views
 
 #: The largest page a listing returns.
 MAX_LIMIT = 500
 
-_PRIMITIVES: dict[Any, dict[str, Any]] = {
-    str: {"type": "string"},
-    int: {"type": "integer"},
-    float: {"type": "number"},
-    bool: {"type": "boolean"},
-}
-
-
-def _type_schema(hint: Any) -> dict[str, Any]:
-    """The JSON Schema of a field's type hint (the subset the records use)."""
-    if hint is Any:
-        return {}
-    if hint in _PRIMITIVES:
-        return dict(_PRIMITIVES[hint])
-    if isinstance(hint, type) and issubclass(hint, enum.Enum):
-        return {"type": "string", "enum": [m.value for m in hint]}
-    if dataclasses.is_dataclass(hint) and isinstance(hint, type):
-        return {"$ref": f"#/components/schemas/{_name(hint)}"}
-    origin, args = typing.get_origin(hint), typing.get_args(hint)
-    if origin in (types.UnionType, typing.Union):
-        options = [a for a in args if a is not type(None)]
-        inner = _type_schema(options[0]) if len(options) == 1 else {}
-        if type(None) not in args:
-            return inner
-        if "type" in inner and isinstance(inner["type"], str):
-            return {**inner, "type": [inner["type"], "null"]}
-        return {"anyOf": [inner, {"type": "null"}]}
-    if origin in (list, tuple):
-        return {"type": "array", "items": _type_schema(args[0]) if args else {}}
-    if origin is dict:
-        return {"type": "object"}
-    raise TypeError(f"no JSON Schema for {hint!r}")
-
-
-_NAMES = {
-    records.RunRecord: "Run",
-    records.StepRecord: "Step",
-    records.AttemptRecord: "Attempt",
-    records.EffectRecord: "Effect",
-    records.AuditEvent: "AuditEvent",
-    records.Inventory: "Inventory",
-    views.StepView: "StepView",
-    views.Timeline: "Timeline",
-    views.AttentionItem: "AttentionItem",
-}
-
-
-def _name(cls: type[Any]) -> str:
-    return _NAMES[cls]
-
-
-def record_schema(cls: type[Any]) -> dict[str, Any]:
-    """The schema of a record's ``to_dict()``: every field, all required."""
-    hints = typing.get_type_hints(cls)
-    props = {f.name: _type_schema(hints[f.name]) for f in dataclasses.fields(cls)}
-    return {
-        "type": "object",
-        "properties": props,
-        "required": list(props),
-        "description": (cls.__doc__ or "").strip().splitlines()[0],
-    }
-
-
-def run_schema() -> dict[str, Any]:
-    """A run as the API answers it (``views.RunView.to_dict``): the record's fields, and whether
-    the run is interrupted (derived, never stored)."""
-    schema = record_schema(records.RunRecord)
-    schema["properties"] = {
-        **schema["properties"],
-        "interrupted": {
-            "type": "boolean",
-            "description": "The run is running but nobody executes it: its owner died (a dead "
-            "pid on the server's host) or its lease expired. `effectflow recover` (or a worker, "
-            "or resuming it) continues it.",
-        },
-        "interruption": {
-            "type": ["string", "null"],
-            "description": "Why it is interrupted, for people; null when it is not.",
-        },
-    }
-    schema["required"] = [*schema["required"], "interrupted", "interruption"]
-    return schema
-
-
-def _ref(name: str) -> dict[str, Any]:
-    return {"$ref": f"#/components/schemas/{name}"}
+_ref = schemas.ref
 
 
 def _json(schema: dict[str, Any], description: str) -> dict[str, Any]:
@@ -228,84 +140,6 @@ def _action(
     }
 
 
-def _body(props: dict[str, Any], required: list[str]) -> dict[str, Any]:
-    return {
-        "type": "object",
-        "properties": props,
-        "required": required,
-        "additionalProperties": False,
-    }
-
-
-_PERSON = {"type": "string", "minLength": 1, "maxLength": 200}
-_TEXT = {"type": "string", "maxLength": 2000}
-
-RESOLVE_BODY = _body(
-    {
-        "committed": {"type": "boolean", "description": "Whether the effect happened."},
-        "evidence": {"type": "object", "description": "What proves it (a provider record)."},
-        "by": _PERSON,
-        "expected_version": {
-            "type": "integer",
-            "description": "The effect version the decision was made on; a stale one answers "
-            "409 `stale_state` and changes nothing.",
-        },
-        "decision_id": {
-            "type": "string",
-            "minLength": 1,
-            "maxLength": 200,
-            "description": "Pins the decision in the ledger; derived from the Idempotency-Key "
-            "when omitted.",
-        },
-    },
-    ["committed", "evidence", "by", "expected_version"],
-)
-APPROVE_BODY = _body(
-    {
-        "approver": _PERSON,
-        "approval_id": {
-            "type": "string",
-            "minLength": 1,
-            "maxLength": 200,
-            "description": "The approval's own id (a ticket); derived from the Idempotency-Key "
-            "when omitted.",
-        },
-        "note": _TEXT,
-    },
-    ["approver"],
-)
-REJECT_BODY = _body(
-    {"by": _PERSON, "reason": {**_TEXT, "minLength": 1, "description": "Why it is declined."}},
-    ["by", "reason"],
-)
-CANCEL_BODY = _body({"reason": _TEXT, "by": _PERSON}, [])
-COMPENSATE_BODY = _body(
-    {"reason": {**_TEXT, "minLength": 1, "description": "The business condition."}, "by": _PERSON},
-    ["reason"],
-)
-RESUME_BODY = _body({"by": _PERSON}, [])
-
-_PROBLEM_SCHEMA = {
-    "type": "object",
-    "description": "An RFC 9457 problem document.",
-    "properties": {
-        "type": {"type": "string", "format": "uri-reference"},
-        "title": {"type": "string"},
-        "status": {"type": "integer"},
-        "detail": {"type": "string"},
-        "instance": {"type": "string"},
-        "code": {"type": "string", "description": "The stable error code."},
-        "run_id": {"type": "string"},
-        "step_id": {"type": "string"},
-        "effect_id": {"type": "string"},
-        "errors": {"type": "array", "items": {"type": "string"}},
-        "max_bytes": {"type": "integer", "description": "The size limit that was exceeded."},
-        "max_depth": {"type": "integer", "description": "The nesting limit that was exceeded."},
-    },
-    "required": ["type", "title", "status", "detail", "instance", "code"],
-}
-
-
 def _problem_response(description: str) -> dict[str, Any]:
     return {
         "description": description,
@@ -313,48 +147,9 @@ def _problem_response(description: str) -> dict[str, Any]:
     }
 
 
-def _page(item: str) -> dict[str, Any]:
+def _service_paths() -> dict[str, Any]:
+    """The service's own paths, answered without a token."""
     return {
-        "type": "object",
-        "properties": {
-            "items": {"type": "array", "items": _ref(item)},
-            "next_cursor": {"type": ["string", "null"]},
-        },
-        "required": ["items", "next_cursor"],
-    }
-
-
-def document() -> dict[str, Any]:
-    """The OpenAPI 3.1 document."""
-    import effectflow
-
-    schemas: dict[str, Any] = {name: record_schema(cls) for cls, name in _NAMES.items()}
-    schemas["Run"] = run_schema()
-    schemas.update(
-        Problem=_PROBLEM_SCHEMA,
-        RunPage=_page("Run"),
-        EffectPage=_page("Effect"),
-        AttentionList={
-            "type": "object",
-            "properties": {"items": {"type": "array", "items": _ref("AttentionItem")}},
-            "required": ["items"],
-        },
-        Health={
-            "type": "object",
-            "properties": {"status": {"const": "ok"}, "version": {"type": "string"}},
-            "required": ["status", "version"],
-        },
-        ResolveRequest=RESOLVE_BODY,
-        ApproveRequest=APPROVE_BODY,
-        RejectRequest=REJECT_BODY,
-        CancelRequest=CANCEL_BODY,
-        CompensateRequest=COMPENSATE_BODY,
-        ResumeRequest=RESUME_BODY,
-    )
-    step_id = {**_RUN_ID, "name": "step_id", "description": "The step's id in its run."}
-    effect_id = {**_RUN_ID, "name": "effect_id", "description": "The effect's id."}
-    run_ok = _json(_ref("Run"), "The run after the action.")
-    paths: dict[str, Any] = {
         "/api/v1/health": {
             "get": {
                 "summary": "Health",
@@ -371,6 +166,12 @@ def document() -> dict[str, Any]:
                 "responses": {"200": _json({"type": "object"}, "The OpenAPI document.")},
             }
         },
+    }
+
+
+def _read_paths() -> dict[str, Any]:
+    """The reads: runs, a run, its timeline, effects, the attention queue."""
+    return {
         "/api/v1/runs": _read(
             "List runs",
             [_statuses(records.RunStatus), _SCOPE, _CALL_ID, _LIMIT, _CURSOR],
@@ -404,6 +205,15 @@ def document() -> dict[str, Any]:
             _json(_ref("AttentionList"), "What waits for a person, oldest first."),
             "400",
         ),
+    }
+
+
+def _action_paths() -> dict[str, Any]:
+    """The actions: a person's decisions, each an idempotent POST."""
+    step_id = {**_RUN_ID, "name": "step_id", "description": "The step's id in its run."}
+    effect_id = {**_RUN_ID, "name": "effect_id", "description": "The effect's id."}
+    run_ok = _json(_ref("Run"), "The run after the action.")
+    return {
         "/api/v1/effects/{effect_id}/resolve": _action(
             "Resolve an unknown effect",
             "A person settles an effect in doubt: it happened or it did not. Then resume the run.",
@@ -452,6 +262,33 @@ def document() -> dict[str, Any]:
             run_ok,
         ),
     }
+
+
+def _responses() -> dict[str, Any]:
+    """The problem responses the paths reference, by name."""
+    return {
+        "BadRequest": _problem_response(
+            "A malformed request, parameter or cursor, or JSON nested too deep (`json_too_deep`)."
+        ),
+        "Unauthorized": _problem_response("No token, or an unknown one."),
+        "NotFound": _problem_response("No such run or effect in this tenant."),
+        "Conflict": _problem_response(
+            "Stale state, an id already used otherwise, or the same key in progress."
+        ),
+        "TooLarge": _problem_response(
+            "The body is larger than the server accepts (`payload_too_large`, nothing of "
+            "it was read), or the evidence larger than it stores (`evidence_too_large`)."
+        ),
+        "Unprocessable": _problem_response(
+            "The Idempotency-Key was used for another request, or the runtime refused an argument."
+        ),
+    }
+
+
+def document() -> dict[str, Any]:
+    """The OpenAPI 3.1 document."""
+    import effectflow
+
     return {
         "openapi": "3.1.0",
         "info": {
@@ -463,7 +300,7 @@ def document() -> dict[str, Any]:
         },
         "servers": [{"url": "/"}],
         "security": [{"bearer": []}],
-        "paths": paths,
+        "paths": {**_service_paths(), **_read_paths(), **_action_paths()},
         "components": {
             "securitySchemes": {
                 "bearer": {
@@ -472,25 +309,7 @@ def document() -> dict[str, Any]:
                     "description": "A token the server maps to one tenant.",
                 }
             },
-            "schemas": schemas,
-            "responses": {
-                "BadRequest": _problem_response(
-                    "A malformed request, parameter or cursor, or JSON nested too deep "
-                    "(`json_too_deep`)."
-                ),
-                "Unauthorized": _problem_response("No token, or an unknown one."),
-                "NotFound": _problem_response("No such run or effect in this tenant."),
-                "Conflict": _problem_response(
-                    "Stale state, an id already used otherwise, or the same key in progress."
-                ),
-                "TooLarge": _problem_response(
-                    "The body is larger than the server accepts (`payload_too_large`, nothing of "
-                    "it was read), or the evidence larger than it stores (`evidence_too_large`)."
-                ),
-                "Unprocessable": _problem_response(
-                    "The Idempotency-Key was used for another request, or the runtime refused an "
-                    "argument."
-                ),
-            },
+            "schemas": schemas.components(),
+            "responses": _responses(),
         },
     }
