@@ -17,43 +17,25 @@ Cookies, all HttpOnly, SameSite=Strict, ``Secure`` on HTTPS (see ``hardening.sec
 
 from __future__ import annotations
 
-import dataclasses
-import hashlib
-import hmac
 import json
-import secrets
 from collections.abc import Callable
-from datetime import UTC, datetime
 from typing import Any
-from urllib.parse import quote
 
-from jinja2 import Environment, PackageLoader, select_autoescape
-from markupsafe import Markup
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, RedirectResponse, Response
+from starlette.responses import RedirectResponse, Response
 from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 
 import effectflow as ef
 from effectflow import errors
 from effectflow.api import hardening
+from effectflow.console import rendering, session, signin
+from effectflow.console.session import COOKIE as COOKIE
+from effectflow.console.session import FLASH_COOKIE as FLASH_COOKIE
+from effectflow.console.session import LOGIN_COOKIE as LOGIN_COOKIE
+from effectflow.console.session import LOGIN_MAX_AGE as LOGIN_MAX_AGE
 from effectflow.ledger.records import RunStatus
-
-COOKIE = "effectflow_token"
-LOGIN_COOKIE = "effectflow_login"
-FLASH_COOKIE = "effectflow_flash"
-#: Seconds between refreshes of a page nobody is typing on.
-REFRESH_S = 5
-#: How long a sign-in form stays valid.
-LOGIN_MAX_AGE = 3600
-#: How long an action's outcome waits to be shown (it is shown once, on the page gone back to).
-FLASH_MAX_AGE = 120
-#: The longest flash cookie kept: browsers drop cookies past about 4 KB, so typed input longer
-#: than this is not kept (the message says so).
-FLASH_MAX_CHARS = 3800
-#: Messages are cut to this many characters before they go into the flash.
-MESSAGE_MAX_CHARS = 600
 
 #: The fields an operator types on each action's form: kept after an error, so nothing is lost.
 TYPED: dict[str, tuple[str, ...]] = {
@@ -67,284 +49,16 @@ TYPED: dict[str, tuple[str, ...]] = {
 #: The longest text each field takes, as the API's request schemas allow.
 FIELD_MAX_CHARS = {"by": 200, "approver": 200, "approval_id": 200, "reason": 2000}
 
-_env = Environment(
-    loader=PackageLoader("effectflow.console", "templates"),
-    autoescape=select_autoescape(["html"]),
-    trim_blocks=True,
-    lstrip_blocks=True,
-)
-
-
-def _short(value: Any, n: int = 12) -> str:
-    text = "" if value is None else str(value)
-    return text[:n] + ("…" if len(text) > n else "")
-
-
-def _json(value: Any) -> str:
-    return json.dumps(value, sort_keys=True, ensure_ascii=False)
-
-
-def when(epoch: float | None) -> Markup:
-    """An epoch time as ``<time>``: ISO 8601 UTC in ``datetime`` and the tooltip, readable UTC as
-    the text; ``static/console.js`` then shows it in the browser's own time zone."""
-    if epoch is None:
-        return Markup("")
-    at = datetime.fromtimestamp(epoch, tz=UTC)
-    iso = at.isoformat(timespec="seconds").replace("+00:00", "Z")
-    shown = at.strftime("%Y-%m-%d %H:%M:%S UTC")
-    return Markup('<time datetime="{0}" title="{1}">{1}</time>').format(iso, shown)
-
-
-_env.filters["short"] = _short
-_env.filters["json"] = _json
-_env.filters["when"] = when
-
-
-def _csrf(token: str) -> str:
-    return hmac.new(token.encode(), b"effectflow-console-form", hashlib.sha256).hexdigest()[:32]
-
-
-def _same(given: str, expected: str) -> bool:
-    """Constant-time equality of two texts (``compare_digest`` refuses non-ASCII ``str``)."""
-    return hmac.compare_digest(given.encode("utf-8", "replace"), expected.encode("utf-8"))
-
-
-def _tenant(request: Request) -> tuple[str, str] | None:
-    token = request.cookies.get(COOKIE)
-    if not token:
-        return None
-    tenant = hardening.tenant_of(request.app.state.tokens, token)
-    return None if tenant is None else (token, tenant)
-
-
-def _runtime(request: Request, tenant: str) -> ef.Runtime:
-    runtime: ef.Runtime = request.app.state.runtimes.get(tenant)
-    return runtime
-
-
-def _settings(request: Request) -> hardening.Settings:
-    return hardening.settings_of(request)
-
-
-def _signer(request: Request) -> hardening.Signer:
-    return hardening.Signer(_settings(request).secret)
-
-
-def _set_cookie(
-    request: Request, response: Response, name: str, value: str, max_age: int | None = None
-) -> None:
-    response.set_cookie(
-        name,
-        value,
-        max_age=max_age,
-        path="/",
-        secure=hardening.secure(request, _settings(request)),
-        httponly=True,
-        samesite="strict",
-    )
-
-
-def _delete_cookie(request: Request, response: Response, name: str) -> None:
-    response.delete_cookie(
-        name,
-        path="/",
-        secure=hardening.secure(request, _settings(request)),
-        httponly=True,
-        samesite="strict",
-    )
-
-
-def _cross_site(request: Request) -> bool:
-    """The browser says the request comes from another site (``Sec-Fetch-Site``): refused for
-    every form post, whatever else it carries."""
-    return request.headers.get("sec-fetch-site", "").lower() == "cross-site"
-
-
-# -- flash messages -------------------------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class Flash:
-    """An action's outcome, shown once on the page the operator goes back to."""
-
-    #: What happened, when it worked.
-    message: str | None = None
-    #: Why it did not, when it failed.
-    error: str | None = None
-    #: Which form the kept fields belong to (see :func:`form_key`).
-    form: str | None = None
-    #: What the operator typed into that form.
-    fields: dict[str, str] = dataclasses.field(default_factory=dict)
-
-
-def form_key(verb: str, fields: dict[str, str]) -> str:
-    """Names one form on a page: the action and what it acts on (a resolve form also by whether
-    it confirms or declares not committed, as each effect has one of each)."""
-    if verb == "resolve":
-        return f"resolve:{fields.get('effect_id', '')}:{fields.get('committed', '')}"
-    if verb in ("approve", "reject"):
-        return f"{verb}:{fields.get('run_id', '')}:{fields.get('step_id', '')}"
-    return f"{verb}:{fields.get('run_id', '')}"
-
-
-def _cut(text: str | None) -> str | None:
-    if text is None or len(text) <= MESSAGE_MAX_CHARS:
-        return text
-    return text[: MESSAGE_MAX_CHARS - 1] + "…"
-
-
-def _back(request: Request, path: str, tenant: str, flash: Flash) -> RedirectResponse:
-    """Go back to ``path`` (303) carrying ``flash`` in a signed cookie bound to the tenant."""
-    signer = _signer(request)
-    data: dict[str, Any] = {"t": tenant, "msg": _cut(flash.message), "err": _cut(flash.error)}
-    if flash.form and any(flash.fields.values()):
-        data.update(form=flash.form, fields=flash.fields)
-    value = signer.dumps("flash", data, FLASH_MAX_AGE)
-    if len(value) > FLASH_MAX_CHARS:
-        data.pop("form", None)
-        data.pop("fields", None)
-        data["err"] = f"{data['err'] or ''} (What you typed was too long to keep; type it again.)"
-        value = signer.dumps("flash", data, FLASH_MAX_AGE)
-    response = RedirectResponse(path, status_code=303)
-    _set_cookie(request, response, FLASH_COOKIE, value, max_age=FLASH_MAX_AGE)
-    return response
-
-
-def _read_flash(request: Request, tenant: str | None) -> Flash:
-    data = _signer(request).loads("flash", request.cookies.get(FLASH_COOKIE))
-    if not isinstance(data, dict) or tenant is None or data.get("t") != tenant:
-        return Flash()
-    fields = data.get("fields")
-    return Flash(
-        message=data.get("msg") if isinstance(data.get("msg"), str) else None,
-        error=data.get("err") if isinstance(data.get("err"), str) else None,
-        form=data.get("form") if isinstance(data.get("form"), str) else None,
-        fields={str(k): str(v) for k, v in fields.items()} if isinstance(fields, dict) else {},
-    )
-
-
-# -- rendering ------------------------------------------------------------------------------------
-
-
-def _page(request: Request, template: str, status: int = 200, **context: Any) -> HTMLResponse:
-    signed = _tenant(request)
-    tenant = None if signed is None else signed[1]
-    flash = _read_flash(request, tenant)
-
-    def keep(form: str) -> dict[str, str]:
-        """What the operator typed into ``form`` before an error, to fill it in again."""
-        return flash.fields if flash.form == form else {}
-
-    html = _env.get_template(template).render(
-        request=request,
-        tenant=tenant,
-        csrf=None if signed is None else _csrf(signed[0]),
-        message=flash.message,
-        error=flash.error,
-        keep=keep,
-        refresh=REFRESH_S,
-        **context,
-    )
-    # Tenant data is never kept by a shared cache or shown again from the browser's history.
-    response = HTMLResponse(html, status_code=status, headers={"Cache-Control": "no-store"})
-    if FLASH_COOKIE in request.cookies:  # shown once
-        _delete_cookie(request, response, FLASH_COOKIE)
-    return response
-
-
-def _signed_in(request: Request) -> tuple[str, str] | Response:
-    signed = _tenant(request)
-    if signed is None:
-        return RedirectResponse(f"/login?next={quote(request.url.path)}", status_code=303)
-    return signed
-
-
-def _local_path(text: str, default: str) -> str:
-    """``text`` when it is a path on this site, else ``default`` (no open redirect)."""
-    if not text.startswith("/") or text.startswith("//") or "\\" in text:
-        return default
-    return text
-
-
-# -- sign-in --------------------------------------------------------------------------------------
-
-
-def _login_nonce(request: Request) -> str | None:
-    value = _signer(request).loads("login", request.cookies.get(LOGIN_COOKIE))
-    return value if isinstance(value, str) else None
-
-
-def _login_page(
-    request: Request, nonce: str, target: str, status: int = 200, failed: str | None = None
-) -> Response:
-    response = _page(
-        request, "login.html", status=status, next=target, login_csrf=nonce, failed=failed
-    )
-    signed = _signer(request).dumps("login", nonce, LOGIN_MAX_AGE)
-    _set_cookie(request, response, LOGIN_COOKIE, signed, max_age=LOGIN_MAX_AGE)
-    return response
-
-
-async def login_form(request: Request) -> Response:
-    """The sign-in form, with a form token (kept across tabs while its cookie is valid)."""
-    nonce = _login_nonce(request) or secrets.token_urlsafe(32)
-    target = _local_path(request.query_params.get("next", "/runs"), "/runs")
-    return _login_page(request, nonce, target)
-
-
-async def login(request: Request) -> Response:
-    """Sign in: the form token must match its signed cookie (login CSRF), then the API token must
-    be known (checked in constant time)."""
-    form = await request.form()
-    token = str(form.get("token", "")).strip()
-    target = _local_path(str(form.get("next") or "/runs"), "/runs")
-    expected = _login_nonce(request)
-    given = str(form.get("login_csrf", ""))
-    if _cross_site(request) or expected is None or not _same(given, expected):
-        return _login_page(
-            request,
-            secrets.token_urlsafe(32),
-            target,
-            status=403,
-            failed="This sign-in form has expired or was not sent from this site, so nobody was "
-            "signed in. Sign in again here.",
-        )
-    tenant = hardening.tenant_of(request.app.state.tokens, token)
-    if tenant is None:
-        return _login_page(
-            request, expected, target, status=401, failed="That token is not known here."
-        )
-    response = RedirectResponse(target, status_code=303)
-    _set_cookie(request, response, COOKIE, token)
-    _delete_cookie(request, response, LOGIN_COOKIE)
-    return response
-
-
-async def logout(request: Request) -> Response:
-    """Sign out; the form carries the form token, so another site cannot sign an operator out."""
-    signed = _tenant(request)
-    form = await request.form()
-    if signed is not None and (
-        _cross_site(request) or not _same(str(form.get("csrf", "")), _csrf(signed[0]))
-    ):
-        return _page(request, "missing.html", status=403, what="a valid form (reload the page)")
-    response = RedirectResponse("/login", status_code=303)
-    _delete_cookie(request, response, COOKIE)
-    return response
-
-
-# -- pages ----------------------------------------------------------------------------------------
-
 
 async def home(request: Request) -> Response:
     return RedirectResponse("/runs", status_code=303)
 
 
 async def runs_page(request: Request) -> Response:
-    signed = _signed_in(request)
+    signed = session.signed_in(request)
     if isinstance(signed, Response):
         return signed
-    rt = _runtime(request, signed[1])
+    rt = session.tenant_runtime(request, signed[1])
     wanted = [
         s for s in request.query_params.getlist("status") if s in RunStatus.__members__.values()
     ]
@@ -361,7 +75,7 @@ async def runs_page(request: Request) -> Response:
             "attention": len(rt.attention()),
         }
 
-    return _page(
+    return rendering.page(
         request,
         "runs.html",
         statuses=[s.value for s in RunStatus],
@@ -373,10 +87,10 @@ async def runs_page(request: Request) -> Response:
 
 
 async def run_page(request: Request) -> Response:
-    signed = _signed_in(request)
+    signed = session.signed_in(request)
     if isinstance(signed, Response):
         return signed
-    rt = _runtime(request, signed[1])
+    rt = session.tenant_runtime(request, signed[1])
     run_id = request.path_params["run_id"]
 
     def read() -> dict[str, Any] | None:
@@ -389,16 +103,16 @@ async def run_page(request: Request) -> Response:
 
     found = await run_in_threadpool(read)
     if found is None:
-        return _page(request, "missing.html", status=404, what=f"run {run_id}")
-    return _page(request, "run.html", **found)
+        return rendering.page(request, "missing.html", status=404, what=f"run {run_id}")
+    return rendering.page(request, "run.html", **found)
 
 
 async def attention_page(request: Request) -> Response:
-    signed = _signed_in(request)
+    signed = session.signed_in(request)
     if isinstance(signed, Response):
         return signed
-    rt = _runtime(request, signed[1])
-    return _page(request, "attention.html", items=await run_in_threadpool(rt.attention))
+    rt = session.tenant_runtime(request, signed[1])
+    return rendering.page(request, "attention.html", items=await run_in_threadpool(rt.attention))
 
 
 # -- actions --------------------------------------------------------------------------------------
@@ -492,31 +206,38 @@ def _act(
 async def action(request: Request) -> Response:
     """One form post: check the sign-in and the form token, call one runtime method in the thread
     pool, go back with the outcome (and, on an error, what was typed)."""
-    signed = _signed_in(request)
+    signed = session.signed_in(request)
     if isinstance(signed, Response):
         return signed
     token, tenant = signed
     form = await request.form()
-    back = _local_path(str(form.get("back") or "/attention"), "/attention")
-    if _cross_site(request) or not _same(str(form.get("csrf", "")), _csrf(token)):
-        return _page(request, "missing.html", status=403, what="a valid form (reload the page)")
+    back = session.local_path(str(form.get("back") or "/attention"), "/attention")
+    if session.cross_site(request) or not session.same_text(
+        str(form.get("csrf", "")), session.csrf_token(token)
+    ):
+        return rendering.page(
+            request, "missing.html", status=403, what="a valid form (reload the page)"
+        )
     verb = request.path_params["verb"]
     if verb not in TYPED:
-        return _page(request, "missing.html", status=404, what=f"the action {verb!r}")
+        return rendering.page(request, "missing.html", status=404, what=f"the action {verb!r}")
     fields = {name: value.strip() for name, value in form.items() if isinstance(value, str)}
 
     def field(name: str) -> str:
         return fields.get(name, "")
 
-    rt = _runtime(request, tenant)
+    rt = session.tenant_runtime(request, tenant)
     try:
-        said = await run_in_threadpool(_act, rt, verb, field, _settings(request))
+        said = await run_in_threadpool(_act, rt, verb, field, session.settings_of(request))
     except (errors.EffectflowError, ValueError) as exc:
         typed = {name: field(name) for name in TYPED[verb]}
-        return _back(
-            request, back, tenant, Flash(error=str(exc), form=form_key(verb, fields), fields=typed)
+        return session.go_back(
+            request,
+            back,
+            tenant,
+            session.Flash(error=str(exc), form=session.form_key(verb, fields), fields=typed),
         )
-    return _back(request, back, tenant, Flash(message=said))
+    return session.go_back(request, back, tenant, session.Flash(message=said))
 
 
 def routes() -> list[BaseRoute]:
@@ -524,9 +245,9 @@ def routes() -> list[BaseRoute]:
     ``/static/`` (the CSP allows no inline script or style)."""
     return [
         Route("/", home),
-        Route("/login", login_form, methods=["GET"]),
-        Route("/login", login, methods=["POST"]),
-        Route("/logout", logout, methods=["POST"]),
+        Route("/login", signin.login_form, methods=["GET"]),
+        Route("/login", signin.login, methods=["POST"]),
+        Route("/logout", signin.logout, methods=["POST"]),
         Route("/runs", runs_page),
         Route("/runs/{run_id}", run_page),
         Route("/attention", attention_page),
