@@ -211,6 +211,13 @@ def test_a_users_own_function_tool_keeps_its_name_description_and_schema(
     [sent] = records()
     assert _outputs(result) == [{"status": "done", "happened": True, "result": sent}]
 
+    @function_tool(name_override="oa_send", needs_approval=True)
+    def asks_first(to: str, text: str) -> str:
+        raise AssertionError("the contract's function makes the call, not this one")
+
+    [kept] = ef_agents.effectflow_tools(rt, [asks_first], scope="ticket-7")
+    assert kept.needs_approval is True, "a contract without approval keeps the tool's own"
+
     @function_tool
     def unknown_tool(x: str) -> str:
         return x

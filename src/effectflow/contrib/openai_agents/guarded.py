@@ -48,7 +48,11 @@ def effectflow_tool(
     fields = {f.name: getattr(base, f.name) for f in dataclasses.fields(FunctionTool)}
     fields.update(
         on_invoke_tool=guard.invoke,
-        needs_approval=guard.needs_approval if made.contract.needs_approval else False,
+        # The contract's approval is recorded and re-checked by the guard; a tool whose contract
+        # needs none keeps its own ``needs_approval`` (the SDK's alone: the ledger has no say).
+        needs_approval=guard.needs_approval
+        if made.contract.needs_approval
+        else base.needs_approval,
         # The SDK has already made the schema strict; do not make it again.
         strict_json_schema=base.strict_json_schema,
     )
