@@ -13,7 +13,7 @@ import signal
 import sys
 from pathlib import Path
 from types import FrameType
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 import yaml
@@ -76,36 +76,68 @@ def load_secret(path: Path | None) -> str | None:
     return os.environ.get("EFFECTFLOW_SECRET") or None
 
 
+# ``serve``'s options, declared here so its signature reads as a list. The limits stay in the
+# signature: their help states create_app's defaults, and a test reads them there.
+TokensOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--tokens",
+        help="YAML or JSON file mapping each bearer token to its tenant. Without it, "
+        "EFFECTFLOW_TOKENS='tok1=tenant1,tok2=tenant2' is read.",
+    ),
+]
+AppOption = Annotated[
+    str | None,
+    typer.Option(
+        "--app",
+        help="module or module:object to import so the application's tools and workflows "
+        "are registered (approve, resume, cancel and compensate drive runs here).",
+    ),
+]
+RequestKeysOption = Annotated[
+    str | None,
+    typer.Option(
+        "--idempotency-db",
+        help="SQLite file of the Idempotency-Key table (default: beside a SQLite ledger).",
+    ),
+]
+TrustProxyOption = Annotated[
+    str | None,
+    typer.Option(
+        "--trust-proxy",
+        envvar="EFFECTFLOW_TRUST_PROXY",
+        help="Comma-separated IPs or CIDRs of reverse proxies (or '*') whose "
+        "X-Forwarded-Proto / X-Forwarded-For are believed; without it they are ignored.",
+    ),
+]
+SecureCookiesOption = Annotated[
+    bool,
+    typer.Option(
+        "--secure-cookies",
+        envvar="EFFECTFLOW_SECURE_COOKIES",
+        help="Mark the console's cookies Secure always (default: on HTTPS requests).",
+    ),
+]
+SecretFileOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--secret-file",
+        help="File holding the key that signs the console's cookies (at least 16 bytes); "
+        "else EFFECTFLOW_SECRET; else random per process.",
+    ),
+]
+
+
 def serve(
     db: Annotated[
         str,
         typer.Option("--db", envvar="EFFECTFLOW_DB", help="Ledger URL (sqlite:///path.db)."),
     ] = "sqlite:///effectflow.db",
-    tokens_file: Annotated[
-        Path | None,
-        typer.Option(
-            "--tokens",
-            help="YAML or JSON file mapping each bearer token to its tenant. Without it, "
-            "EFFECTFLOW_TOKENS='tok1=tenant1,tok2=tenant2' is read.",
-        ),
-    ] = None,
+    tokens_file: TokensOption = None,
     host: Annotated[str, typer.Option("--host", help="Interface to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", min=0, max=65535, help="Port.")] = 8000,
-    app: Annotated[
-        str | None,
-        typer.Option(
-            "--app",
-            help="module or module:object to import so the application's tools and workflows "
-            "are registered (approve, resume, cancel and compensate drive runs here).",
-        ),
-    ] = None,
-    request_keys: Annotated[
-        str | None,
-        typer.Option(
-            "--idempotency-db",
-            help="SQLite file of the Idempotency-Key table (default: beside a SQLite ledger).",
-        ),
-    ] = None,
+    app: AppOption = None,
+    request_keys: RequestKeysOption = None,
     max_body_bytes: Annotated[
         int | None,
         typer.Option(
@@ -135,38 +167,42 @@ def serve(
             help="Deeper JSON bodies and evidence answer 400 json_too_deep (default: 32).",
         ),
     ] = None,
-    trust_proxy: Annotated[
-        str | None,
-        typer.Option(
-            "--trust-proxy",
-            envvar="EFFECTFLOW_TRUST_PROXY",
-            help="Comma-separated IPs or CIDRs of reverse proxies (or '*') whose "
-            "X-Forwarded-Proto / X-Forwarded-For are believed; without it they are ignored.",
-        ),
-    ] = None,
-    secure_cookies: Annotated[
-        bool,
-        typer.Option(
-            "--secure-cookies",
-            envvar="EFFECTFLOW_SECURE_COOKIES",
-            help="Mark the console's cookies Secure always (default: on HTTPS requests).",
-        ),
-    ] = False,
-    secret_file: Annotated[
-        Path | None,
-        typer.Option(
-            "--secret-file",
-            help="File holding the key that signs the console's cookies (at least 16 bytes); "
-            "else EFFECTFLOW_SECRET; else random per process.",
-        ),
-    ] = None,
+    trust_proxy: TrustProxyOption = None,
+    secure_cookies: SecureCookiesOption = False,
+    secret_file: SecretFileOption = None,
 ) -> None:
     """Serve the HTTP API under /api/v1 (OpenAPI at /api/v1/openapi.json); SIGTERM exits 0."""
     import uvicorn
 
-    from effectflow import errors
-    from effectflow.api import create_app
+    tokens = _tokens(tokens_file)
+    # Limits not given keep create_app's defaults (this module imports no server package, so the
+    # CLI works without the server extra).
+    given = {"max_body_bytes": max_body_bytes, "max_evidence_bytes": max_evidence_bytes}
+    given["max_json_depth"] = max_json_depth
+    limits = {name: value for name, value in given.items() if value is not None}
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    application = _application(
+        db,
+        tokens,
+        app_module=app,
+        request_keys_path=request_keys,
+        trust_proxy=trust_proxy,
+        secure_cookies=secure_cookies,
+        secret=load_secret(secret_file),
+        **limits,
+    )
+    signal.signal(signal.SIGTERM, _stopped)
+    uvicorn.run(application, host=host, port=port, log_level="info", proxy_headers=False)
 
+
+def _tokens(tokens_file: Path | None) -> dict[str, str]:
+    """The tokens from ``--tokens``, else ``EFFECTFLOW_TOKENS``.
+
+    Raises:
+        typer.BadParameter: neither is given, or what is given is not a mapping of token to
+            tenant.
+    """
     if tokens_file is not None:
         tokens = load_tokens(tokens_file)
     elif os.environ.get("EFFECTFLOW_TOKENS"):
@@ -175,34 +211,25 @@ def serve(
         raise typer.BadParameter(
             "give --tokens FILE or set EFFECTFLOW_TOKENS", param_hint="--tokens"
         )
-    # Limits not given keep create_app's defaults (this module imports no server package, so the
-    # CLI works without the server extra).
-    given = {"max_body_bytes": max_body_bytes, "max_evidence_bytes": max_evidence_bytes}
-    given["max_json_depth"] = max_json_depth
-    limits = {name: value for name, value in given.items() if value is not None}
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
+    return tokens
+
+
+def _application(db: str, tokens: dict[str, str], **options: Any) -> Any:
+    """``create_app(db, tokens, **options)``; an application that cannot be imported is a usage
+    error, and the app's refusal (a bad limit, a short secret) exits 2 with its words."""
+    from effectflow import errors
+    from effectflow.api import create_app
+
     try:
-        application = create_app(
-            db,
-            tokens,
-            app_module=app,
-            request_keys_path=request_keys,
-            trust_proxy=trust_proxy,
-            secure_cookies=secure_cookies,
-            secret=load_secret(secret_file),
-            **limits,
-        )
+        return create_app(db, tokens, **options)
     except (ImportError, AttributeError) as exc:
+        app = options.get("app_module")
         raise typer.BadParameter(f"cannot load {app!r}: {exc}", param_hint="--app") from exc
     except errors.EffectflowError as exc:
         typer.echo(f"effectflow serve: {exc}", err=True)
         raise typer.Exit(2) from None
 
-    # uvicorn shuts down gracefully on SIGTERM, then re-raises the signal it caught; this handler
-    # receives that re-raise, so a requested stop ends with exit code 0 instead of death by signal.
-    def stopped(signum: int, frame: FrameType | None) -> None:
-        pass
 
-    signal.signal(signal.SIGTERM, stopped)
-    uvicorn.run(application, host=host, port=port, log_level="info", proxy_headers=False)
+def _stopped(signum: int, frame: FrameType | None) -> None:
+    """uvicorn shuts down gracefully on SIGTERM, then re-raises the signal it caught; this handler
+    receives that re-raise, so a requested stop ends with exit code 0 instead of death by signal."""
