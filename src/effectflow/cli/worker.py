@@ -8,12 +8,15 @@ import os
 import signal
 import sys
 from types import FrameType
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from effectflow import errors
 from effectflow.runtime.leases import DEFAULT_LEASE_TTL
+
+if TYPE_CHECKING:
+    from effectflow.runtime.runtime import Runtime
 
 
 def load_app(spec: str) -> Any:
@@ -87,10 +90,6 @@ def worker(
     or Ctrl-C the worker stops claiming, lets each run reach its next step boundary, releases it
     for another worker, and exits 0.
     """
-    import effectflow as ef
-    from effectflow.contracts.registry import Registry
-    from effectflow.runtime.worker import Worker
-
     logging.basicConfig(
         level=logging.INFO if verbose else logging.WARNING,
         format="%(asctime)s %(process)d %(levelname)s %(name)s: %(message)s",
@@ -98,13 +97,30 @@ def worker(
     if group_commit not in ("auto", "on", "off"):
         raise typer.BadParameter("use auto, on or off", param_hint="--group-commit")
     grouped = None if group_commit == "auto" else group_commit == "on"
+    rt = _runtime(app, db, lease_ttl, grouped)
+    _drive(rt, concurrency, until_idle)
+
+
+def _runtime(app: str, db: str, lease_ttl: float, grouped: bool | None) -> Runtime:
+    """The worker's runtime, the application imported first (its registry, if it names one); a
+    ledger that cannot be opened exits 2."""
+    import effectflow as ef
+    from effectflow.contracts.registry import Registry
+
     loaded = load_app(app)
     registry = loaded if isinstance(loaded, Registry) else None
     try:
-        rt = ef.Runtime(db, lease_ttl=lease_ttl, registry=registry, group_commit=grouped)
+        return ef.Runtime(db, lease_ttl=lease_ttl, registry=registry, group_commit=grouped)
     except errors.EffectflowError as exc:
         typer.echo(f"effectflow worker: {exc}", err=True)
         raise typer.Exit(2) from None
+
+
+def _drive(rt: Runtime, concurrency: int, until_idle: bool) -> None:
+    """Run the worker until it is idle (``--until-idle``) or drained by SIGTERM / SIGINT, close
+    the runtime, and print what it did."""
+    from effectflow.runtime.worker import Worker
+
     runner = Worker(rt, concurrency=concurrency)
 
     def drain(signum: int, frame: FrameType | None) -> None:
