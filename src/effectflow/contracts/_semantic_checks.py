@@ -176,54 +176,88 @@ def _check_step_against_tool(
 ) -> list[errors.ContractProblem]:
     """A step restates its tool's effect for readers; a restatement that disagrees misleads them,
     and the runtime follows the tool's contract, so the two must agree."""
-    found = []
     where = f"the {_schema_errors.TOOL} for {tool.body['tool']} (line {tool.line()})"
+    return [
+        *_effect_disagreements(step, tool, where),
+        *_confirmation_problems(step, tool, where),
+        *_completion_problems(step, tool, where),
+    ]
 
-    def disagree(fields: tuple[str, ...], mine: object, declared: object) -> None:
-        found.append(
-            step.problem(
-                fields,
-                f"{_schema_errors.show(mine)} disagrees with {where}, "
-                f"which says {_schema_errors.show(declared)}; "
-                "the runtime follows the tool's contract, so make them agree",
-            )
-        )
 
+def _disagree(
+    step: _yaml_lines.Entry, where: str, fields: tuple[str, ...], mine: object, declared: object
+) -> errors.ContractProblem:
+    return step.problem(
+        fields,
+        f"{_schema_errors.show(mine)} disagrees with {where}, "
+        f"which says {_schema_errors.show(declared)}; "
+        "the runtime follows the tool's contract, so make them agree",
+    )
+
+
+def _effect_disagreements(
+    step: _yaml_lines.Entry, tool: _yaml_lines.Entry, where: str
+) -> list[errors.ContractProblem]:
+    """The step's ``effect`` (class, reversible, idempotency) against the tool's declaration."""
+    found: list[errors.ContractProblem] = []
     effect = step.get("effect") if step.sound("effect") else None
-    if effect is not None:
-        declared_class = tool.get("effect_class")
-        if "class" in effect and tool.sound("effect_class") and effect["class"] != declared_class:
-            disagree(("effect", "class"), effect["class"], declared_class)
-        declared_reversible = tool.get("reversible")
-        if (
-            "reversible" in effect
-            and declared_reversible is not None
-            and tool.sound("reversible")
-            and effect["reversible"] != declared_reversible
-        ):
-            disagree(("effect", "reversible"), effect["reversible"], declared_reversible)
-        declared_idempotency = (
-            "supported" if tool.get("idempotency", "supported") else "unsupported"
-        )
-        if (
-            "idempotency" in effect
-            and tool.sound("idempotency")
-            and effect["idempotency"] != declared_idempotency
-        ):
-            disagree(("effect", "idempotency"), effect["idempotency"], declared_idempotency)
-    lookup = step.get("confirmation", "tool")
-    if lookup is not None and step.sound("confirmation") and tool.sound("confirmation"):
-        declared_lookup = tool.get("confirmation", "lookup_tool")
-        if declared_lookup is None:
-            found.append(
-                step.problem(
-                    ("confirmation", "tool"),
-                    f"{where} names no confirmation.lookup_tool, so the runtime cannot confirm "
-                    "through it; add it there or remove it here",
-                )
+    if effect is None:
+        return found
+    declared_class = tool.get("effect_class")
+    if "class" in effect and tool.sound("effect_class") and effect["class"] != declared_class:
+        found.append(_disagree(step, where, ("effect", "class"), effect["class"], declared_class))
+    declared_reversible = tool.get("reversible")
+    if (
+        "reversible" in effect
+        and declared_reversible is not None
+        and tool.sound("reversible")
+        and effect["reversible"] != declared_reversible
+    ):
+        found.append(
+            _disagree(
+                step, where, ("effect", "reversible"), effect["reversible"], declared_reversible
             )
-        elif not _same_tool(lookup, declared_lookup):
-            disagree(("confirmation", "tool"), lookup, declared_lookup)
+        )
+    declared_idempotency = "supported" if tool.get("idempotency", "supported") else "unsupported"
+    if (
+        "idempotency" in effect
+        and tool.sound("idempotency")
+        and effect["idempotency"] != declared_idempotency
+    ):
+        found.append(
+            _disagree(
+                step, where, ("effect", "idempotency"), effect["idempotency"], declared_idempotency
+            )
+        )
+    return found
+
+
+def _confirmation_problems(
+    step: _yaml_lines.Entry, tool: _yaml_lines.Entry, where: str
+) -> list[errors.ContractProblem]:
+    """The step's confirmation tool must be the lookup its tool names."""
+    lookup = step.get("confirmation", "tool")
+    if lookup is None or not step.sound("confirmation") or not tool.sound("confirmation"):
+        return []
+    declared_lookup = tool.get("confirmation", "lookup_tool")
+    if declared_lookup is None:
+        return [
+            step.problem(
+                ("confirmation", "tool"),
+                f"{where} names no confirmation.lookup_tool, so the runtime cannot confirm "
+                "through it; add it there or remove it here",
+            )
+        ]
+    if not _same_tool(lookup, declared_lookup):
+        return [_disagree(step, where, ("confirmation", "tool"), lookup, declared_lookup)]
+    return []
+
+
+def _completion_problems(
+    step: _yaml_lines.Entry, tool: _yaml_lines.Entry, where: str
+) -> list[errors.ContractProblem]:
+    """A required state the tool never reports, or automatic compensation with nothing to run."""
+    found = []
     required_state = step.get("completion_semantics", "required_state")
     states = tool.get("completion", "states")
     if (
