@@ -299,10 +299,9 @@ def test_an_outcome_nobody_can_look_up_is_phrased_for_the_model_and_listed_for_a
     assert item.effect_id == out["effect_id"]
     [written] = records()
     rt.resolve(out["effect_id"], committed=True, evidence={"result": written}, by="alice")
-    # The same tool call again (the same id: the saved conversation replayed).
-    replay = Model("oa_untagged", SEND)
-    replay.ids = itertools.count(1)
-    again, _ = _agent(rt, send_untagged, SEND, model=replay)
+    # The same tool call again (a fresh model numbers its calls from 1: the same id, as when the
+    # saved conversation is replayed).
+    again, _ = _agent(rt, send_untagged, SEND, model=Model("oa_untagged", SEND))
     result = _run(again, "go")
     [out] = _outputs(result)
     assert out["status"] == "done"
