@@ -39,23 +39,21 @@ Decisions:
   pass ``not_committed_statuses=()`` and they become ``OutcomeUnknown``.
 - A 504 is unknown even when its body says ``deadline_exceeded``: a gateway's 504 looks the same,
   and the lookup settles it cheaply.
-- A key sent as a tag (``key_header``, ``key_field``, ``key_query``) is a value the provider
-  stores, not one it deduplicates by: the idempotency rows do not apply to it, and a lookup by key
-  is refused for a tool that sends the key nowhere (see :mod:`effectflow.contrib.http.tagging`).
+- A provider that does not deduplicate can still be searched by a tag the caller attached: with
+  ``key_header``, ``key_field`` or ``key_query`` each request carries the key there (the tool then
+  takes the key, whatever its idempotency), the contract's ``idempotency.tagged_as`` says where,
+  and an :func:`http_lookup` by key can find the effect after a lost response. Such a tag is a
+  value the provider stores, not one it deduplicates by: the idempotency rows do not apply to it,
+  and a lookup by key is refused for a tool that sends the key nowhere (see
+  :mod:`effectflow.contrib.http.tagging`).
 - The runtime's deadline is sent only when the tool names the header the provider enforces it by
   (``deadline_header``). A tool that takes ``deadline`` tells the runtime the provider refuses the
   call after it, so a lookup that finds nothing past it is proof
   (docs/decision-table.md#when-not-found-is-proof); a real API ignores a header it does not know,
   so claiming that by default would make "not found" proof of nothing
-  and re-send calls that may still land. Without it, a non-idempotent tool with a lookup declares
+  and re-send calls that may still land (effectflow's simulated providers honour
+  ``X-Request-Deadline``). Without it, a non-idempotent tool with a lookup declares
   ``settles_within`` (the provider's documented bound, or ``"unbounded"``).
-- A deadline is opt-in because the runtime trusts it: a tool that takes one tells the runtime the
-  provider refuses the call after it. effectflow's simulated providers honour
-  ``X-Request-Deadline``; name ``deadline_header`` only for a provider that enforces it.
-- A provider that does not deduplicate can still be searched by a tag the caller attached: with
-  ``key_header``, ``key_field`` or ``key_query`` each request carries the key there (the tool then
-  takes the key, whatever its idempotency), the contract's ``idempotency.tagged_as`` says where,
-  and an :func:`http_lookup` by key can find the effect after a lost response.
 
 The code is split by concept: :mod:`.mapping` (this table), :mod:`.request` (a call's arguments
 into one request), :mod:`.sending` (the client, templates), :mod:`.tagging` (where the key
