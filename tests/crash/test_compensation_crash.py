@@ -55,8 +55,9 @@ class Window:
 
 
 WINDOWS = [
-    # Approved, not yet intended: nothing durable of the cancel but the approval; it runs once.
-    Window(FaultPoint.BEFORE_INTENT, S.PENDING, ("ok",)),
+    # Approved, not yet intended: nothing durable of the cancel but the approval (the step still
+    # reads awaiting_approval until a worker takes it up); it runs once.
+    Window(FaultPoint.BEFORE_INTENT, S.AWAITING_APPROVAL, ("ok",)),
     # The intent (key) is durable, nothing was sent: recovery sends it, with that key.
     Window(FaultPoint.AFTER_INTENT, S.INTENT_RECORDED, ("ok",)),
     # Sent and applied, not recorded: recovery retries with the original key; the provider replays.
@@ -90,7 +91,7 @@ def _set_up_waiting_compensation(world: World) -> None:
     with world.ledger() as rt:
         steps = _by_step(rt.steps(RUN_ID))
         assert steps[app_stop.REFUND].status is S.CONFIRMED
-        assert steps[app_stop.CANCEL].status is S.PENDING
+        assert steps[app_stop.CANCEL].status is S.AWAITING_APPROVAL
         assert (steps[app_stop.CANCEL].error or {}).get("code") == "approval_required"
     with _payments(world) as pay:
         assert [r["status"] for r in pay.refunds()] == ["succeeded"]

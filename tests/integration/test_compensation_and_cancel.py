@@ -310,7 +310,7 @@ def test_financial_write_waits_for_an_approval_and_records_it(rt: ef.Runtime, w:
     assert run.status is R.PAUSED
     assert run.error is not None
     assert run.error["code"] == "approval_required"
-    assert waiting.status is S.PENDING
+    assert waiting.status is S.AWAITING_APPROVAL
     assert waiting.next_action is ef.NextAction.ASK_A_PERSON
     assert w.pay.refunds() == [], "nothing may be sent before the approval"
 
@@ -602,7 +602,7 @@ def test_cancel_applies_the_compensation_policy_when_the_trigger_says_so(
     approved the refund is cancelled at the provider and listed as compensated."""
     rt.start(refund_cancel_compensates, run_id="r1", payment_id="pay_1")
     rt.approve("r1", "create_refund", approver="ops-lead", approval_id="APR-1")
-    assert step(rt, "r1", "second").status is S.PENDING
+    assert step(rt, "r1", "second").status is S.AWAITING_APPROVAL
     inv = rt.cancel("r1")
     assert inv.status is R.CANCELLED_WITH_EFFECTS
     assert inv.compensation_pending == ["compensate:create_refund"]

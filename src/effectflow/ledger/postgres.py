@@ -334,9 +334,13 @@ class PostgresStore(SQLCore, SQLReads):
                     self._seal_txn(conn, [seal] if seal else [])
                 written = True  # from here on, only the COMMIT can fail
         except Exception as exc:
-            if batch is None or not written or _answered(exc):
+            if batch is None or not written:
                 raise
             cause = driver_cause(exc)
+            if _answered(exc):
+                # The server refused the COMMIT (a deferred constraint of the tool's own writes):
+                # nothing committed, and the refusal is the transaction's, as the tool's errors are.
+                raise cause from cause.__cause__
             raise errors.CommitInDoubt(
                 f"run {batch.run_id}: the COMMIT of a local transaction got no answer "
                 f"({' '.join(str(cause).split())}); it may have committed",

@@ -233,11 +233,13 @@ class SQLiteStore(SQLCore, SQLReads):
             except Exception as exc:
                 if batch is None or not written:
                     raise
+                cause = driver_cause(exc)
                 if self._conn.in_transaction:
                     with self._edge():
                         self._conn.execute("ROLLBACK")  # SQLite kept it open: it did not commit
-                    raise
-                cause = driver_cause(exc)
+                    # The COMMIT was refused (a deferred constraint of the tool's own writes): the
+                    # refusal is the transaction's, as the tool's errors are.
+                    raise cause from cause.__cause__
                 raise errors.CommitInDoubt(
                     f"run {batch.run_id}: the COMMIT of a local transaction failed part-way "
                     f"({cause}); it may have committed",
