@@ -227,7 +227,7 @@ def test_postgres_statements_hold_no_question_mark() -> None:
 _DATA_STATEMENT = re.compile(r"\b(?:SELECT\s|INSERT\s+INTO\s|UPDATE\s+\S+\s+SET\s|DELETE\s+FROM\s)")
 #: The ledger's Python that may hold SQL, by module and function, each with why.
 SQL_IN_PYTHON = {
-    ("postgres.py", "_canonical_json_columns"): (
+    ("upgrades.py", "canonical_json_columns"): (
         "migration 8's rewrite of every JSON column: a read and an update built over the tables "
         "and their JSON columns, run once when the migration is applied"
     ),
