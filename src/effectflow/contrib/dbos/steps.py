@@ -40,6 +40,7 @@ except ModuleNotFoundError as exc:  # pragma: no cover - depends on the installe
 
 from effectflow import errors
 from effectflow.contracts.tool import Tool
+from effectflow.contrib._host import decisions as host_decisions
 from effectflow.runtime import guard as guard_mod
 
 if TYPE_CHECKING:
@@ -339,7 +340,7 @@ class GuardedStep:
                 "status": "needs_person",
                 "step": step,
                 "call_id": call_id,
-                "asked": _asked(exc, self.tool, scope, call_id),
+                "asked": host_decisions.stored_question(exc, self.tool.ref, scope, call_id),
             }
         except _DEFINITE as exc:
             return {
@@ -412,74 +413,9 @@ def apply_decision(rt: Runtime, asked: Mapping[str, Any], decision: Any) -> None
     Raises:
         errors.ArgumentError: not a mapping, no name of who decided, or the wrong kind of answer.
     """
-    if decision is None:
-        return
-    if not isinstance(decision, Mapping):
-        raise errors.ArgumentError(f"a decision is a mapping like {asked['resume_with']!r}")
-    run_id, step_id = str(asked["run_id"]), str(asked["step_id"])
-    try:
-        if asked["kind"] == "approval" and "approved" in decision:
-            who = _who(decision, "approver")
-            if decision["approved"]:
-                default_id = f"{asked['scope']}:{asked['call_id']}"
-                rt.approve(
-                    run_id,
-                    step_id,
-                    approver=who,
-                    approval_id=str(decision.get("approval_id") or default_id),
-                    note=decision.get("note"),
-                )
-            else:
-                reason = str(decision.get("reason") or "declined")
-                rt.reject(run_id, step_id, by=who, reason=reason)
-        elif asked["kind"] == "in_doubt" and "committed" in decision:
-            if asked["effect_id"] is None:
-                raise errors.ArgumentError(f"no effect to resolve for call {run_id}")
-            rt.resolve(
-                str(asked["effect_id"]),
-                committed=bool(decision["committed"]),
-                evidence=dict(decision.get("evidence") or {}),
-                by=_who(decision, "by"),
-                decision_id=decision.get("decision_id"),
-            )
-        elif decision:
-            raise errors.ArgumentError(
-                f"answer this {asked['kind']} with {asked['resume_with']!r}, or {{}} once it was "
-                f"decided elsewhere; got {dict(decision)!r}"
-            )
-    except errors.StaleState:
-        pass  # decided meanwhile, or this very decision was applied before a crash
-
-
-def _who(decision: Mapping[str, Any], key: str) -> str:
-    who = decision.get(key)
-    if not isinstance(who, str) or not who.strip():
-        raise errors.ArgumentError(f"a decision must say who made it ({key!r}): it is audited")
-    return who
-
-
-def _asked(
-    exc: errors.NeedsPerson, tool: Tool[..., Any], scope: str, call_id: str
-) -> dict[str, Any]:
-    """What a person must decide, as ids and phrases only (it is stored in DBOS's database)."""
-    if exc.kind == "approval":
-        template: dict[str, Any] = {"approved": True, "approver": "<who>"}
-    else:
-        template = {"committed": True, "evidence": {"result": "<what the provider shows>"},
-                    "by": "<who>"}  # fmt: skip
-    return {
-        "kind": exc.kind,
-        "next_action": exc.next_action,
-        "run_id": exc.run_id,
-        "step_id": exc.step_id,
-        "effect_id": exc.effect_id,
-        "message": exc.message,
-        "for_model": exc.for_model,
-        "tool": tool.ref,
-        "scope": scope,
-        "call_id": call_id,
-        "resume_with": template,
-    }
+    host_decisions.record(
+        rt, host_decisions.Question.stored(asked), decision, host_decisions.ENGINE_WORDING
+    )
 
 
 def _step_id() -> int:

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import json
 from collections.abc import Awaitable, Callable, Generator, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -35,10 +34,8 @@ from langgraph.types import Command, interrupt
 
 from effectflow import errors
 from effectflow.contracts.tool import Tool
-from effectflow.contrib.agents import schemas
+from effectflow.contrib._host import answers, decisions, definitions
 from effectflow.contrib.langgraph import tools as tools_mod
-from effectflow.ledger.records import RunStatus
-from effectflow.runtime import guard as guard_mod
 
 if TYPE_CHECKING:
     from langchain_core.runnables import RunnableConfig
@@ -47,16 +44,25 @@ if TYPE_CHECKING:
     from effectflow.runtime.runtime import Runtime
 
 #: Marks an ``interrupt()`` payload as effectflow's (a host may raise interrupts of its own).
-PAYLOAD_MARK = "effectflow"
+PAYLOAD_MARK = decisions.PAYLOAD_MARK
 #: What the model is told about a call the ledger answered for an earlier tool-call id.
-ALREADY_DONE = (
-    "this was already done earlier in this conversation (the same tool with the same "
-    "arguments); it was not done again; this is its result"
-)
+ALREADY_DONE = answers.ALREADY_DONE
 #: What the model is told about a call a person declined.
-DECLINED = "a person declined this call; it was not done; do not repeat it"
+DECLINED = answers.DECLINED
 #: What the model is told about a call whose run an operator cancelled before it was made.
-CANCELLED = "this call was cancelled by an operator; it was not done; do not repeat it"
+CANCELLED = answers.CANCELLED
+#: How a ``Command(resume=...)`` that cannot be recorded is refused (in the next interrupt).
+WORDING = decisions.Wording(
+    not_a_mapping="resume effectflow's interrupt with a mapping, e.g. {hint}; got {decision!r}",
+    wrong_shape=(
+        "resume effectflow's {kind} interrupt with {hint}, or {{}} once it was decided "
+        "elsewhere; got {decision!r}"
+    ),
+    unnamed=decisions.UNNAMED,
+)
+#: The arguments' validator, built once per tool (``benchmarks/compare/lg_agent_crash.py`` calls
+#: it by this name).
+_validator = definitions.tool_validator
 
 # LangGraph's checkpoint namespace: ``node:task_id`` parts joined by ``|`` (its NS_SEP / NS_END).
 _NS_SEP = "|"
@@ -197,8 +203,8 @@ class EffectflowMiddleware(AgentMiddleware):
                 done: Guarded = yield guard
             except errors.NeedsPerson as asked:
                 if not self._interrupt:
-                    return _message(call, _waiting(asked))
-                payload = _payload(asked, tool, arguments, scope, call_id)
+                    return _message(call, answers.waiting(asked))
+                payload = decisions.payload(asked, tool.ref, arguments, scope, call_id)
                 while True:
                     # LangGraph answers the interrupts of a node in order: a refused decision
                     # stays the answer of its interrupt, so the next one asks again.
@@ -211,48 +217,8 @@ class EffectflowMiddleware(AgentMiddleware):
                     break
                 continue
             except errors.EffectflowError as exc:
-                return _message(call, self._failure(tool, exc))
-            return _message(call, _done(done), done)
-
-    def _failure(self, tool: Tool[..., Any], exc: errors.EffectflowError) -> dict[str, Any]:
-        """A guarded call that ended without a result, phrased for the model (as the agent loop
-        phrases it)."""
-        declined = _declined(self.rt, exc) if isinstance(exc, errors.StepRejected) else None
-        if declined is not None:
-            return {"status": "declined", "happened": False, "error": DECLINED,
-                    "reason": declined}  # fmt: skip
-        if isinstance(exc, errors.StepRejected):
-            return {"status": "rejected", "happened": False, "error": exc.message}
-        if isinstance(exc, errors.RetryBudgetExhausted):
-            return {"status": "not_committed", "happened": False, "error": exc.message}
-        if isinstance(exc, errors.IdempotencyConflict | errors.ArgumentError):
-            return {"status": "refused", "happened": False, "error": exc.message}
-        run_id = getattr(exc, "run_id", None)
-        if run_id is not None and self.rt.run(run_id).status is RunStatus.CANCELLED:
-            return {"status": "cancelled", "happened": False, "error": CANCELLED}
-        if isinstance(exc, errors.StepFailed) and not tool.contract.effect.writes:
-            return {"status": "failed", "happened": False, "error": exc.message}
-        if isinstance(exc, errors.StepFailed):
-            return {"status": "unknown", "happened": None, "message": guard_mod.MAY_HAVE_HAPPENED}
-        raise exc
-
-
-@functools.lru_cache(maxsize=1024)
-def _validator(tool: Tool[..., Any]) -> Any:
-    """The arguments' validator, built once per tool: ``jsonschema.validate`` checks the schema
-    itself on every call, most of the middleware's own cost (BENCHMARKS.md)."""
-    schema = schemas.parameters_schema(tool)
-    return jsonschema.validators.validator_for(schema)(schema)
-
-
-def _declined(rt: Runtime, exc: errors.StepRejected) -> str | None:
-    """The person's reason, when the call was declined (``rt.reject``) rather than refused by the
-    provider; None otherwise."""
-    if exc.run_id is None:
-        return None
-    step = next((s for s in rt.steps(exc.run_id) if s.step_id == exc.step_id), None)
-    error = {} if step is None else (step.error or {})
-    return str(error.get("reason")) if error.get("code") == "approval_declined" else None
+                return _message(call, answers.failure(self.rt, tool, exc))
+            return _message(call, answers.done(done), done)
 
 
 def _conversation_call_ids(state: Any, current: str) -> frozenset[str]:
@@ -276,36 +242,8 @@ def _conversation_call_ids(state: Any, current: str) -> frozenset[str]:
         if isinstance(call, Mapping)
         and call.get("id")
         and call.get("id") != current
-        and _shows_result(answered.get(str(call.get("id"))))
+        and answers.shows_result(answered.get(str(call.get("id"))))
     )
-
-
-def _shows_result(content: Any) -> bool:
-    """Whether a ToolMessage's content shows the call's result (effectflow's JSON says whether it
-    happened; another tool's message is its result)."""
-    if content is None:
-        return False
-    if isinstance(content, str):
-        try:
-            body = json.loads(content)
-        except ValueError:
-            return True
-        if isinstance(body, dict) and "happened" in body:
-            return body["happened"] is True
-    return True
-
-
-def _done(done: Guarded) -> dict[str, Any]:
-    if done.deduplicated:
-        return {"status": "already_done", "happened": True, "result": done.value,
-                "message": ALREADY_DONE}  # fmt: skip
-    return {"status": "done", "happened": True, "result": done.value}
-
-
-def _waiting(asked: errors.NeedsPerson) -> dict[str, Any]:
-    status = "waiting_for_approval" if asked.kind == "approval" else "unknown"
-    return {"status": status, "happened": None, "message": asked.for_model,
-            "effect_id": asked.effect_id}  # fmt: skip
 
 
 def _message(
@@ -320,42 +258,12 @@ def _message(
             "deduplicated": done.deduplicated,
         }
     return ToolMessage(
-        content=json.dumps(content, sort_keys=True, default=str),
+        content=answers.as_json(content),
         tool_call_id=call["id"],
         name=call.get("name"),
         artifact=artifact,
         status="success" if content["status"] in ("done", "already_done") else "error",
     )
-
-
-def _payload(
-    asked: errors.NeedsPerson,
-    tool: Tool[..., Any],
-    arguments: dict[str, Any],
-    scope: str,
-    call_id: str,
-) -> dict[str, Any]:
-    """What the host's person sees in ``interrupt()``: what waits, and how to answer it."""
-    if asked.kind == "approval":
-        answer: dict[str, Any] = {"approved": True, "approver": "<who>"}
-    else:
-        answer = {"committed": True, "evidence": {"result": "<what the provider shows>"},
-                  "by": "<who>"}  # fmt: skip
-    return {
-        PAYLOAD_MARK: True,
-        "kind": asked.kind,
-        "next_action": asked.next_action,
-        "effect_id": asked.effect_id,
-        "run_id": asked.run_id,
-        "step_id": asked.step_id,
-        "for_model": asked.for_model,
-        "message": asked.message,
-        "tool": tool.ref,
-        "arguments": arguments,
-        "scope": scope,
-        "tool_call_id": call_id,
-        "resume_with": answer,
-    }
 
 
 def _decide(
@@ -367,57 +275,4 @@ def _decide(
     (``Command(resume=None)`` is no resume at all to LangGraph). A decision someone else applied
     first (``StaleState``) is not an error.
     """
-    if decision is None:
-        return
-    if not isinstance(decision, Mapping):
-        raise errors.ArgumentError(
-            f"resume effectflow's interrupt with a mapping, e.g. {_payload_hint(asked)}; "
-            f"got {decision!r}"
-        )
-    try:
-        if asked.kind == "approval" and "approved" in decision:
-            who = _who(decision, "approver", asked)
-            if decision["approved"]:
-                rt.approve(
-                    asked.run_id or "",
-                    asked.step_id or "",
-                    approver=who,
-                    approval_id=str(decision.get("approval_id") or f"{scope}:{call_id}"),
-                    note=decision.get("note"),
-                )
-            else:
-                reason = str(decision.get("reason") or "declined")
-                rt.reject(asked.run_id or "", asked.step_id or "", by=who, reason=reason)
-        elif asked.kind == "in_doubt" and "committed" in decision:
-            if asked.effect_id is None:
-                raise errors.ArgumentError(f"no effect to resolve for call {asked.run_id}")
-            rt.resolve(
-                asked.effect_id,
-                committed=bool(decision["committed"]),
-                evidence=dict(decision.get("evidence") or {}),
-                by=_who(decision, "by", asked),
-                decision_id=decision.get("decision_id"),
-            )
-        elif decision:
-            raise errors.ArgumentError(
-                f"resume effectflow's {asked.kind} interrupt with {_payload_hint(asked)}, "
-                f"or {{}} once it was decided elsewhere; got {dict(decision)!r}"
-            )
-    except errors.StaleState:
-        pass  # decided meanwhile (or this decision was applied on an earlier run of the node)
-
-
-def _who(decision: Mapping[str, Any], key: str, asked: errors.NeedsPerson) -> str:
-    who = decision.get(key)
-    if not isinstance(who, str) or not who.strip():
-        raise errors.ArgumentError(
-            f"the decision for {asked.run_id} must say who made it ({key!r}): the audit log "
-            "records it"
-        )
-    return who
-
-
-def _payload_hint(asked: errors.NeedsPerson) -> str:
-    if asked.kind == "approval":
-        return "{'approved': True, 'approver': '<who>'}"
-    return "{'committed': True, 'evidence': {'result': ...}, 'by': '<who>'}"
+    decisions.record(rt, decisions.Question.asked(asked, scope, call_id), decision, WORDING)

@@ -12,14 +12,14 @@ path is exactly what this integration exists to prevent, so calling it without
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Iterable
 from typing import Any
 
 from langchain_core.tools import BaseTool, StructuredTool
 
 from effectflow import errors
-from effectflow.contracts.tool import EffectClass, Tool
+from effectflow.contracts.tool import Tool
+from effectflow.contrib._host import definitions
 from effectflow.contrib.agents import schemas
 
 
@@ -36,11 +36,7 @@ def langchain_tool(tool: Tool[..., Any]) -> EffectflowTool:
     Raises:
         errors.ContractError: ``tool`` is not an ``ef.tool``.
     """
-    if not isinstance(tool, Tool):
-        raise errors.ContractError(
-            f"langchain_tool: {tool!r} is not a tool; decorate it with @ef.tool(...) so its "
-            "side-effect contract is known"
-        )
+    definitions.checked(tool, "langchain_tool")
 
     def unguarded(**arguments: Any) -> Any:
         raise errors.ContractError(
@@ -51,7 +47,7 @@ def langchain_tool(tool: Tool[..., Any]) -> EffectflowTool:
 
     return EffectflowTool(
         name=tool.name,
-        description=description(tool),
+        description=definitions.description(tool),
         args_schema=schemas.parameters_schema(tool),
         func=unguarded,
         effectflow=tool,
@@ -66,30 +62,3 @@ def langchain_tools(tools: Iterable[Tool[..., Any]]) -> list[EffectflowTool]:
 def effectflow_tool(tool: BaseTool | None) -> Tool[..., Any] | None:
     """The ``ef.tool`` behind a LangChain tool, or None for a tool effectflow does not back."""
     return tool.effectflow if isinstance(tool, EffectflowTool) else None
-
-
-def description(tool: Tool[..., Any]) -> str:
-    """The tool's docstring, then what its contract means for the model, in its words."""
-    doc = inspect.cleandoc(tool.fn.__doc__ or "").strip()
-    note = _effect_note(tool)
-    return f"{doc}\n\n{note}" if doc else note
-
-
-def _effect_note(tool: Tool[..., Any]) -> str:
-    contract = tool.contract
-    if contract.effect is EffectClass.PURE:
-        return "Effect: pure - changes nothing outside; safe to repeat."
-    if contract.effect is EffectClass.READ:
-        return "Effect: read - only observes; safe to repeat."
-    reversible = "reversible" if contract.reversible else "irreversible"
-    if contract.each_call_new:
-        repeat = "every call is a new request"
-    else:
-        repeat = (
-            "done once per request: a call repeated after a lost answer is not done twice; "
-            "calling it again after its result is a new request"
-        )
-    note = f"Effect: {contract.effect.value}, {reversible} - {repeat}."
-    if contract.needs_approval:
-        note += " Each call waits for a person's approval."
-    return note

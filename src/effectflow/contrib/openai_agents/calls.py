@@ -22,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import functools
 import json
 import time
 from collections.abc import Callable, Collection, Mapping
@@ -34,8 +33,9 @@ from agents.tool_context import ToolContext
 
 from effectflow import digests, errors
 from effectflow.contracts.tool import Tool
+from effectflow.contrib._host import answers, definitions
 from effectflow.ledger import records
-from effectflow.ledger.records import RunStatus, StepStatus
+from effectflow.ledger.records import RunStatus
 from effectflow.runtime import approvals
 from effectflow.runtime import guard as guard_mod
 
@@ -54,19 +54,19 @@ SDK_APPROVER = "openai-agents:RunState.approve"
 #: Who the audit log says declined an approval that no longer holds (the re-check on resume).
 RECHECK = "effectflow:approval-recheck"
 #: What the model is told about a call the ledger answered for an earlier tool-call id.
-ALREADY_DONE = (
-    "this was already done earlier in this conversation (the same tool with the same "
-    "arguments); it was not done again; this is its result"
-)
+ALREADY_DONE = answers.ALREADY_DONE
 #: What the model is told about a call a person declined.
-DECLINED = "a person declined this call; it was not done; do not repeat it"
+DECLINED = answers.DECLINED
 #: What the model is told about a call whose approval no longer holds.
 APPROVAL_OUTDATED = (
     "this was not done: the approval given was for another request (other arguments, or an "
     "approval policy that has changed since); call the tool again to ask for a new approval"
 )
 #: What the model is told about a call whose run an operator cancelled before it was made.
-CANCELLED = "this call was cancelled by an operator; it was not done; do not repeat it"
+CANCELLED = answers.CANCELLED
+#: The errors answered ``refused`` (an ``IdempotencyConflict`` is answered before: a request
+#: changed under a person's approval voids it).
+_REFUSED = (errors.ArgumentError, errors.ContractError)
 #: How many times one invocation asks the guard again after settling what it was asked about
 #: (an approval recorded, an earlier call declined): each pass settles one call.
 _MAX_PASSES = 4
@@ -98,7 +98,7 @@ class GuardedCall:
     ) -> None:
         self.rt = rt
         self.tool = tool
-        self._validator = _validator(json.dumps(dict(schema), sort_keys=True))
+        self._validator = definitions.schema_validator(json.dumps(dict(schema), sort_keys=True))
         self._scope = scope
         self._policy = policy
         self._approver = approver
@@ -109,7 +109,7 @@ class GuardedCall:
         """``on_invoke_tool``: the call through ``rt.guard_async``, its answer as JSON text."""
         parsed = self._arguments(arguments)
         if isinstance(parsed, str):
-            return _content({"status": "refused", "happened": False, "error": parsed})
+            return answers.as_json({"status": "refused", "happened": False, "error": parsed})
         call = self._call(ctx, ctx.tool_call_id)
         passes = 0
         deadline = time.monotonic() + guard_mod.IN_PROGRESS_WAIT
@@ -125,18 +125,18 @@ class GuardedCall:
                         # response, another worker): its answer is this call's too.
                         await asyncio.sleep(0.05)
                         continue
-                    return _content(_waiting(asked))
+                    return answers.as_json(answers.waiting(asked))
                 passes += 1
                 answer = await asyncio.to_thread(self._settle_approval, ctx, call, asked)
                 if answer is None:
                     continue  # recorded the person's decision: the guard answers now
-                return _content(answer)
+                return answers.as_json(answer)
             except errors.IdempotencyConflict as exc:
-                return _content(await asyncio.to_thread(self._changed_request, call, exc))
+                return answers.as_json(await asyncio.to_thread(self._changed_request, call, exc))
             except errors.EffectflowError as exc:
-                return _content(await asyncio.to_thread(self._failure, exc))
-            return _content(_done(done))
-        return _content(
+                return answers.as_json(await asyncio.to_thread(self._failure, exc))
+            return answers.as_json(answers.done(done))
+        return answers.as_json(
             {
                 "status": "waiting_for_approval",
                 "happened": None,
@@ -299,23 +299,9 @@ class GuardedCall:
     # -- failures ---------------------------------------------------------------------------------
 
     def _failure(self, exc: errors.EffectflowError) -> dict[str, Any]:
-        """A guarded call that ended without a result, phrased for the model."""
-        declined = _declined_reason(self.rt, exc) if isinstance(exc, errors.StepRejected) else None
-        if declined is not None:
-            return {"status": "declined", "happened": False, "error": DECLINED,
-                    "reason": declined}  # fmt: skip
-        if isinstance(exc, errors.StepRejected):
-            return {"status": "rejected", "happened": False, "error": exc.message}
-        if isinstance(exc, errors.RetryBudgetExhausted):
-            return {"status": "not_committed", "happened": False, "error": exc.message}
-        if isinstance(exc, errors.ArgumentError | errors.ContractError):
-            return {"status": "refused", "happened": False, "error": exc.message}
-        run_id = getattr(exc, "run_id", None)
-        if run_id is not None and self.rt.run(run_id).status is RunStatus.CANCELLED:
-            return {"status": "cancelled", "happened": False, "error": CANCELLED}
-        if isinstance(exc, errors.StepFailed) and not self.tool.contract.effect.writes:
-            return {"status": "failed", "happened": False, "error": exc.message}
-        return {"status": "unknown", "happened": None, "message": guard_mod.MAY_HAVE_HAPPENED}
+        """A guarded call that ended without a result, phrased for the model; one no row names
+        may have happened (the SDK's tool answers, it does not raise)."""
+        return answers.failure(self.rt, self.tool, exc, refused=_REFUSED, unknown_otherwise=True)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -368,13 +354,6 @@ def _read(source: Source, ctx: RunContextWrapper[Any], what: str) -> str:
     return value
 
 
-@functools.lru_cache(maxsize=1024)
-def _validator(schema_json: str) -> Any:
-    """The arguments' validator, built once per schema (building it is most of its cost)."""
-    schema = json.loads(schema_json)
-    return jsonschema.validators.validator_for(schema)(schema)
-
-
 def _known_call_ids(ctx: RunContextWrapper[Any], call: _Call) -> frozenset[str]:
     """The tool-call ids of the earlier calls whose *result* the run's input shows (the
     conversation the application or its session passed): a repeat of one of them is the model
@@ -389,22 +368,9 @@ def _known_call_ids(ctx: RunContextWrapper[Any], call: _Call) -> frozenset[str]:
     known = {
         tool_call_id
         for tool_call_id, output in outputs.items()
-        if tool_call_id != call.tool_call_id and _shows_result(output)
+        if tool_call_id != call.tool_call_id and answers.shows_result(output)
     }
     return frozenset(known | {call_id_of(k, call.policy) for k in known})
-
-
-def _shows_result(output: Any) -> bool:
-    if output is None:
-        return False
-    if isinstance(output, str):
-        try:
-            body = json.loads(output)
-        except ValueError:
-            return True
-        if isinstance(body, dict) and "happened" in body:
-            return body["happened"] is True
-    return True
 
 
 def _awaits_approval(run: records.RunRecord) -> bool:
@@ -417,32 +383,3 @@ def _awaits_approval(run: records.RunRecord) -> bool:
 def _request_digest(run: records.RunRecord) -> str:
     digest = (run.error or {}).get("request_digest")
     return str(digest) if digest else "request"
-
-
-def _declined_reason(rt: Runtime, exc: errors.StepRejected) -> str | None:
-    """The person's reason, when the call was declined (``rt.reject``) rather than refused by the
-    provider; None otherwise."""
-    if exc.run_id is None:
-        return None
-    step = next((s for s in rt.steps(exc.run_id) if s.step_id == exc.step_id), None)
-    if step is None or step.status is not StepStatus.REJECTED:
-        return None
-    error = step.error or {}
-    return str(error.get("reason")) if error.get("code") == approvals.APPROVAL_DECLINED else None
-
-
-def _done(done: Guarded) -> dict[str, Any]:
-    if done.deduplicated:
-        return {"status": "already_done", "happened": True, "result": done.value,
-                "message": ALREADY_DONE}  # fmt: skip
-    return {"status": "done", "happened": True, "result": done.value}
-
-
-def _waiting(asked: errors.NeedsPerson) -> dict[str, Any]:
-    status = "waiting_for_approval" if asked.kind == "approval" else "unknown"
-    return {"status": status, "happened": None, "message": asked.for_model,
-            "effect_id": asked.effect_id}  # fmt: skip
-
-
-def _content(body: dict[str, Any]) -> str:
-    return json.dumps(body, sort_keys=True, default=str)

@@ -15,7 +15,6 @@ contract's (``calls.GuardedCall``).
 from __future__ import annotations
 
 import dataclasses
-import inspect
 from typing import Any
 
 from agents import FunctionTool
@@ -23,7 +22,8 @@ from agents.tool_context import ToolContext
 
 from effectflow import errors
 from effectflow.contracts.registry import Registry
-from effectflow.contracts.tool import EffectClass, Tool
+from effectflow.contracts.tool import Tool
+from effectflow.contrib._host import definitions
 from effectflow.contrib.agents import schemas
 
 
@@ -42,11 +42,7 @@ def function_tool(tool: Tool[..., Any]) -> EffectflowFunctionTool:
     Raises:
         errors.ContractError: ``tool`` is not an ``ef.tool``.
     """
-    if not isinstance(tool, Tool):
-        raise errors.ContractError(
-            f"function_tool: {tool!r} is not a tool; decorate it with @ef.tool(...) so its "
-            "side-effect contract is known"
-        )
+    definitions.checked(tool, "function_tool")
 
     async def unguarded(ctx: ToolContext[Any], arguments: str) -> Any:
         raise errors.ContractError(
@@ -57,7 +53,7 @@ def function_tool(tool: Tool[..., Any]) -> EffectflowFunctionTool:
     schema = schemas.parameters_schema(tool)
     return EffectflowFunctionTool(
         name=tool.name,
-        description=description(tool),
+        description=definitions.description(tool),
         params_json_schema=schema,
         on_invoke_tool=unguarded,
         # The SDK's strict mode wants every property required; a signature with defaults keeps
@@ -84,30 +80,3 @@ def contract_of(tool: FunctionTool, registry: Registry) -> Tool[..., Any]:
             f"with @ef.tool({tool.name!r}, effect=...) (the function that makes the call, with "
             "its idempotency key), or pass the ef.tool itself"
         ) from None
-
-
-def description(tool: Tool[..., Any]) -> str:
-    """The tool's docstring, then what its contract means for the model, in its words."""
-    doc = inspect.cleandoc(tool.fn.__doc__ or "").strip()
-    note = _effect_note(tool)
-    return f"{doc}\n\n{note}" if doc else note
-
-
-def _effect_note(tool: Tool[..., Any]) -> str:
-    contract = tool.contract
-    if contract.effect is EffectClass.PURE:
-        return "Effect: pure - changes nothing outside; safe to repeat."
-    if contract.effect is EffectClass.READ:
-        return "Effect: read - only observes; safe to repeat."
-    reversible = "reversible" if contract.reversible else "irreversible"
-    if contract.each_call_new:
-        repeat = "every call is a new request"
-    else:
-        repeat = (
-            "done once per request: a call repeated after a lost answer is not done twice; "
-            "calling it again after its result is a new request"
-        )
-    note = f"Effect: {contract.effect.value}, {reversible} - {repeat}."
-    if contract.needs_approval:
-        note += " Each call waits for a person's approval."
-    return note

@@ -32,9 +32,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import inspect
-import json
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import jsonschema
@@ -45,7 +43,8 @@ from pydantic_ai.exceptions import ApprovalRequired, ModelRetry
 from pydantic_ai.messages import ModelMessage, ModelRequest, ModelResponse, ToolReturnPart
 
 from effectflow import errors
-from effectflow.contracts.tool import EffectClass, Tool
+from effectflow.contracts.tool import Tool
+from effectflow.contrib._host import answers, definitions
 from effectflow.contrib.agents import schemas
 from effectflow.contrib.pydantic_ai import decisions
 from effectflow.ledger.records import RunStatus
@@ -60,14 +59,11 @@ if TYPE_CHECKING:
 #: The id of the toolset the capability contributes (durable engines name their units by it).
 TOOLSET_ID = "effectflow"
 #: What the model is told about a call the ledger answered for an earlier tool-call id.
-ALREADY_DONE = (
-    "this was already done earlier in this conversation (the same tool with the same "
-    "arguments); it was not done again; this is its result"
-)
+ALREADY_DONE = answers.ALREADY_DONE
 #: What the model is told about a call a person declined.
-DECLINED = "a person declined this call; it was not done; do not repeat it"
+DECLINED = answers.DECLINED
 #: What the model is told about a call whose run an operator cancelled before it was made.
-CANCELLED = "this call was cancelled by an operator; it was not done; do not repeat it"
+CANCELLED = answers.CANCELLED
 #: Who the ledger records as having declined a call answered with a plain ``ToolDenied``.
 TOOL_DENIED_BY = "pydantic_ai.ToolDenied"
 
@@ -114,18 +110,10 @@ def conversation_call_ids(messages: Sequence[ModelMessage], current: str) -> fro
 
 def _shows_result(part: ToolReturnPart | None) -> bool:
     """Whether a tool's return shows the call's result (effectflow's dict says whether it
-    happened; another tool's successful return is its result)."""
+    happened; another tool's successful return, also of nothing, is its result)."""
     if part is None or part.outcome != "success":
         return False
-    content = part.content
-    if isinstance(content, str):
-        try:
-            content = json.loads(content)
-        except ValueError:
-            return True
-    if isinstance(content, Mapping) and "happened" in content:
-        return content["happened"] is True
-    return True
+    return part.content is None or answers.shows_result(part.content)
 
 
 class Effectflow(AbstractCapability[Any]):
@@ -150,13 +138,7 @@ class Effectflow(AbstractCapability[Any]):
         scope: Callable[[RunContext[Any]], str] = scope_of,
     ) -> None:
         self.rt = rt
-        self.tools = tuple(tools)
-        for tool in self.tools:
-            if not isinstance(tool, Tool):
-                raise errors.ContractError(
-                    f"Effectflow: {tool!r} is not a tool; decorate it with @ef.tool(...) so its "
-                    "side-effect contract is known"
-                )
+        self.tools = tuple(definitions.checked(tool, "Effectflow") for tool in tools)
         self.defer = defer
         self.scope = scope
         self._by_name = {tool.name: tool for tool in self.tools}
@@ -213,7 +195,7 @@ class Effectflow(AbstractCapability[Any]):
         return PydanticTool[Any].from_schema(
             guarded,
             name=tool.name,
-            description=description(tool),
+            description=definitions.description(tool),
             json_schema=schemas.parameters_schema(tool),
             takes_ctx=True,
         )
@@ -234,7 +216,7 @@ class Effectflow(AbstractCapability[Any]):
                 "id to know a replay from a new call"
             )
         try:
-            _validator(tool).validate(arguments)
+            definitions.tool_validator(tool).validate(arguments)
         except jsonschema.ValidationError as exc:
             raise ModelRetry(f"the arguments do not fit the schema: {exc.message}") from None
         scope = self.scope(ctx)
@@ -273,35 +255,14 @@ class Effectflow(AbstractCapability[Any]):
                         refused = None
                         continue
                 if not self.defer:
-                    return _waiting(asked)
+                    return answers.waiting(asked)
                 shown = decisions.payload(asked, tool.ref, arguments, scope, call_id)
                 raise ApprovalRequired(
                     metadata=shown if refused is None else {**shown, "refused": refused}
                 ) from None
             except errors.EffectflowError as exc:
-                return self._failure(tool, exc)
-            return _done(done)
-
-    def _failure(self, tool: Tool[..., Any], exc: errors.EffectflowError) -> dict[str, Any]:
-        """A guarded call that ended without a result, phrased for the model."""
-        declined = _declined(self.rt, exc) if isinstance(exc, errors.StepRejected) else None
-        if declined is not None:
-            return {"status": "declined", "happened": False, "error": DECLINED,
-                    "reason": declined}  # fmt: skip
-        if isinstance(exc, errors.StepRejected):
-            return {"status": "rejected", "happened": False, "error": exc.message}
-        if isinstance(exc, errors.RetryBudgetExhausted):
-            return {"status": "not_committed", "happened": False, "error": exc.message}
-        if isinstance(exc, errors.IdempotencyConflict | errors.ArgumentError):
-            return {"status": "refused", "happened": False, "error": exc.message}
-        run_id = getattr(exc, "run_id", None)
-        if run_id is not None and self.rt.run(run_id).status is RunStatus.CANCELLED:
-            return {"status": "cancelled", "happened": False, "error": CANCELLED}
-        if isinstance(exc, errors.StepFailed) and not tool.contract.effect.writes:
-            return {"status": "failed", "happened": False, "error": exc.message}
-        if isinstance(exc, errors.StepFailed):
-            return {"status": "unknown", "happened": None, "message": guard_mod.MAY_HAVE_HAPPENED}
-        raise exc
+                return answers.failure(self.rt, tool, exc)
+            return answers.done(done)
 
 
 def _known_call_ids(ctx: RunContext[Any], current: str) -> frozenset[str]:
@@ -313,61 +274,3 @@ def _known_call_ids(ctx: RunContext[Any], current: str) -> frozenset[str]:
     except Exception:  # a durable unit's run context guards the fields it did not carry
         return frozenset()
     return conversation_call_ids(messages, current)
-
-
-@functools.lru_cache(maxsize=1024)
-def _validator(tool: Tool[..., Any]) -> Any:
-    """The arguments' validator, built once per tool (``Tool.from_schema`` leaves the arguments
-    unchecked, and ``jsonschema.validate`` would check the schema itself on every call)."""
-    schema = schemas.parameters_schema(tool)
-    return jsonschema.validators.validator_for(schema)(schema)
-
-
-def description(tool: Tool[..., Any]) -> str:
-    """The tool's docstring, then what its contract means for the model, in its words."""
-    doc = inspect.cleandoc(tool.fn.__doc__ or "").strip()
-    note = _effect_note(tool)
-    return f"{doc}\n\n{note}" if doc else note
-
-
-def _effect_note(tool: Tool[..., Any]) -> str:
-    contract = tool.contract
-    if contract.effect is EffectClass.PURE:
-        return "Effect: pure - changes nothing outside; safe to repeat."
-    if contract.effect is EffectClass.READ:
-        return "Effect: read - only observes; safe to repeat."
-    reversible = "reversible" if contract.reversible else "irreversible"
-    if contract.each_call_new:
-        repeat = "every call is a new request"
-    else:
-        repeat = (
-            "done once per request: a call repeated after a lost answer is not done twice; "
-            "calling it again after its result is a new request"
-        )
-    note = f"Effect: {contract.effect.value}, {reversible} - {repeat}."
-    if contract.needs_approval:
-        note += " Each call waits for a person's approval."
-    return note
-
-
-def _declined(rt: Runtime, exc: errors.StepRejected) -> str | None:
-    """The person's reason, when the call was declined (``rt.reject``) rather than refused by the
-    provider; None otherwise."""
-    if exc.run_id is None:
-        return None
-    step = next((s for s in rt.steps(exc.run_id) if s.step_id == exc.step_id), None)
-    error = {} if step is None else (step.error or {})
-    return str(error.get("reason")) if error.get("code") == "approval_declined" else None
-
-
-def _done(done: Guarded) -> dict[str, Any]:
-    if done.deduplicated:
-        return {"status": "already_done", "happened": True, "result": done.value,
-                "message": ALREADY_DONE}  # fmt: skip
-    return {"status": "done", "happened": True, "result": done.value}
-
-
-def _waiting(asked: errors.NeedsPerson) -> dict[str, Any]:
-    status = "waiting_for_approval" if asked.kind == "approval" else "unknown"
-    return {"status": status, "happened": None, "message": asked.for_model,
-            "effect_id": asked.effect_id}  # fmt: skip

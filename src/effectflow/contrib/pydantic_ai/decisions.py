@@ -24,46 +24,28 @@ from typing import TYPE_CHECKING, Any
 from pydantic_ai import DeferredToolRequests, DeferredToolResults, ToolApproved
 
 from effectflow import errors
+from effectflow.contrib._host import decisions as host_decisions
 
 if TYPE_CHECKING:
     from effectflow.runtime.runtime import Runtime
 
 #: Marks a deferred call's metadata as effectflow's (an agent may defer calls of its own).
-PAYLOAD_MARK = "effectflow"
-
-
-def payload(
-    asked: errors.NeedsPerson,
-    tool_ref: str,
-    arguments: dict[str, Any],
-    scope: str,
-    call_id: str,
-) -> dict[str, Any]:
-    """What the person sees in ``DeferredToolRequests.metadata[tool_call_id]``: what waits, and
-    how to answer it."""
-    if asked.kind == "approval":
-        resume_with: dict[str, Any] = {"approved": True, "approver": "<who>"}
-    else:
-        resume_with = {
-            "committed": True,
-            "evidence": {"result": "<what the provider shows>"},
-            "by": "<who>",
-        }
-    return {
-        PAYLOAD_MARK: True,
-        "kind": asked.kind,
-        "next_action": asked.next_action,
-        "effect_id": asked.effect_id,
-        "run_id": asked.run_id,
-        "step_id": asked.step_id,
-        "for_model": asked.for_model,
-        "message": asked.message,
-        "tool": tool_ref,
-        "arguments": arguments,
-        "scope": scope,
-        "tool_call_id": call_id,
-        "resume_with": resume_with,
-    }
+PAYLOAD_MARK = host_decisions.PAYLOAD_MARK
+#: How a deferred call's metadata that cannot be recorded is refused (in the next deferral).
+WORDING = host_decisions.Wording(
+    not_a_mapping=(
+        "answer effectflow's deferred call with a mapping as its metadata, e.g. {hint}; "
+        "got {decision!r}"
+    ),
+    wrong_shape=(
+        "answer effectflow's {kind} call with {hint}, or {{}} once it was decided elsewhere; "
+        "got {decision!r}"
+    ),
+    unnamed=host_decisions.UNNAMED,
+)
+#: What the person sees in ``DeferredToolRequests.metadata[tool_call_id]``: what waits, and how
+#: to answer it.
+payload = host_decisions.payload
 
 
 def answer(
@@ -110,55 +92,6 @@ def apply(rt: Runtime, asked: errors.NeedsPerson, decision: Any, scope: str, cal
     """
     if not decision:
         return
-    if not isinstance(decision, Mapping):
-        raise errors.ArgumentError(
-            f"answer effectflow's deferred call with a mapping as its metadata, e.g. "
-            f"{_hint(asked)}; got {decision!r}"
-        )
-    try:
-        if asked.kind == "approval" and "approved" in decision:
-            who = _who(decision, "approver", asked)
-            if decision["approved"]:
-                rt.approve(
-                    asked.run_id or "",
-                    asked.step_id or "",
-                    approver=who,
-                    approval_id=str(decision.get("approval_id") or f"{scope}:{call_id}"),
-                    note=decision.get("note"),
-                )
-            else:
-                reason = str(decision.get("reason") or "declined")
-                rt.reject(asked.run_id or "", asked.step_id or "", by=who, reason=reason)
-        elif asked.kind == "in_doubt" and "committed" in decision:
-            if asked.effect_id is None:
-                raise errors.ArgumentError(f"no effect to resolve for call {asked.run_id}")
-            rt.resolve(
-                asked.effect_id,
-                committed=bool(decision["committed"]),
-                evidence=dict(decision.get("evidence") or {}),
-                by=_who(decision, "by", asked),
-                decision_id=decision.get("decision_id"),
-            )
-        else:
-            raise errors.ArgumentError(
-                f"answer effectflow's {asked.kind} call with {_hint(asked)}, or {{}} once it was "
-                f"decided elsewhere; got {dict(decision)!r}"
-            )
-    except errors.StaleState:
-        pass  # decided meanwhile, or by an earlier run of this tool call
-
-
-def _who(decision: Mapping[str, Any], key: str, asked: errors.NeedsPerson) -> str:
-    who = decision.get(key)
-    if not isinstance(who, str) or not who.strip():
-        raise errors.ArgumentError(
-            f"the decision for {asked.run_id} must say who made it ({key!r}): the audit log "
-            "records it"
-        )
-    return who
-
-
-def _hint(asked: errors.NeedsPerson) -> str:
-    if asked.kind == "approval":
-        return "{'approved': True, 'approver': '<who>'}"
-    return "{'committed': True, 'evidence': {'result': ...}, 'by': '<who>'}"
+    host_decisions.record(
+        rt, host_decisions.Question.asked(asked, scope, call_id), decision, WORDING
+    )

@@ -39,6 +39,7 @@ except ModuleNotFoundError as exc:  # pragma: no cover - depends on the installe
 
 from effectflow import errors
 from effectflow.contracts.tool import Tool
+from effectflow.contrib._host import decisions as host_decisions
 from effectflow.runtime import guard as guard_mod
 
 if TYPE_CHECKING:
@@ -206,47 +207,9 @@ def apply_decision(rt: Runtime, asked: Mapping[str, Any], decision: Any) -> None
     """
     if not decision:
         return
-    if not isinstance(decision, Mapping):
-        raise errors.ArgumentError(f"a decision is a mapping like {asked['resume_with']!r}")
-    run_id, step_id = str(asked["run_id"]), str(asked["step_id"])
-    try:
-        if asked["kind"] == "approval" and "approved" in decision:
-            who = _who(decision, "approver")
-            if decision["approved"]:
-                default_id = f"{asked['scope']}:{asked['call_id']}"
-                rt.approve(
-                    run_id,
-                    step_id,
-                    approver=who,
-                    approval_id=str(decision.get("approval_id") or default_id),
-                    note=decision.get("note"),
-                )
-            else:
-                rt.reject(run_id, step_id, by=who, reason=str(decision.get("reason") or "declined"))
-        elif asked["kind"] == "in_doubt" and "committed" in decision:
-            if asked["effect_id"] is None:
-                raise errors.ArgumentError(f"no effect to resolve for call {run_id}")
-            rt.resolve(
-                str(asked["effect_id"]),
-                committed=bool(decision["committed"]),
-                evidence=dict(decision.get("evidence") or {}),
-                by=_who(decision, "by"),
-                decision_id=decision.get("decision_id"),
-            )
-        else:
-            raise errors.ArgumentError(
-                f"answer this {asked['kind']} with {asked['resume_with']!r}, or {{}} once it was "
-                f"decided elsewhere; got {dict(decision)!r}"
-            )
-    except errors.StaleState:
-        pass  # decided meanwhile, or this very decision was applied by an earlier attempt
-
-
-def _who(decision: Mapping[str, Any], key: str) -> str:
-    who = decision.get(key)
-    if not isinstance(who, str) or not who.strip():
-        raise errors.ArgumentError(f"a decision must say who made it ({key!r}): it is audited")
-    return who
+    host_decisions.record(
+        rt, host_decisions.Question.stored(asked), decision, host_decisions.ENGINE_WORDING
+    )
 
 
 def _needs_person(
@@ -254,24 +217,7 @@ def _needs_person(
 ) -> ApplicationError:
     """The attempt's end when a person must decide: ids and phrases, never arguments (the
     details are stored in the workflow's history)."""
-    if exc.kind == "approval":
-        template: dict[str, Any] = {"approved": True, "approver": "<who>"}
-    else:
-        template = {"committed": True, "evidence": {"result": "<what the provider shows>"},
-                    "by": "<who>"}  # fmt: skip
-    asked = {
-        "kind": exc.kind,
-        "next_action": exc.next_action,
-        "run_id": exc.run_id,
-        "step_id": exc.step_id,
-        "effect_id": exc.effect_id,
-        "message": exc.message,
-        "for_model": exc.for_model,
-        "tool": tool.ref,
-        "scope": scope,
-        "call_id": call_id,
-        "resume_with": template,
-    }
+    asked = host_decisions.stored_question(exc, tool.ref, scope, call_id)
     return ApplicationError(exc.message, asked, type=NEEDS_PERSON, non_retryable=True)
 
 
