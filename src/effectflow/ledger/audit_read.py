@@ -23,7 +23,6 @@ import collections
 import dataclasses
 import functools
 import json
-import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Protocol
 
@@ -100,13 +99,10 @@ def postgres_dialect() -> Dialect:
 
 def dialect_of(store: object) -> Dialect | None:
     """The dialect of a store of either backend, or None (another store: read run by run)."""
-    from effectflow.ledger import sqlite
-
-    if isinstance(store, sqlite.SQLiteStore):
+    dialect = getattr(type(store), "DIALECT", None)
+    if dialect == "sqlite":
         return sqlite_dialect()
-    # Not imported: the store cannot be a PostgreSQL one (and psycopg need not be installed).
-    postgres = sys.modules.get("effectflow.ledger.postgres")
-    if postgres is not None and isinstance(store, postgres.PostgresStore):
+    if dialect == "postgres":
         return postgres_dialect()
     return None
 

@@ -160,6 +160,7 @@ class PostgresStore(SQLCore, SQLReads):
     (``sslmode``, ``connect_timeout``, ``application_name``, ...).
     """
 
+    DIALECT = "postgres"
     SQL = SQL
     _MARK = "%s"
 

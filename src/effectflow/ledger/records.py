@@ -478,3 +478,43 @@ class Inventory:
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready view."""
         return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass(frozen=True)
+class OperationBinding:
+    """A logical operation bound to one request digest and key (the ``operations`` table)."""
+
+    #: The tenant.
+    tenant: str
+    #: The business action's id.
+    logical_operation_id: str
+    #: Its idempotency key.
+    idempotency_key: str
+    #: The only request digest this operation may ever carry.
+    request_digest: str
+    #: The tool (``name@version``).
+    tool: str
+    #: The run whose step owns the operation.
+    run_id: str
+    #: That step.
+    step_id: str
+    #: When it was bound.
+    created_at: float
+    #: When the provider forgets the key (retention); purge may drop the binding after it.
+    key_expires_at: float
+
+
+@dataclasses.dataclass(frozen=True)
+class DecisionRecord:
+    """A person's decision, pinned by the caller's ``decision_id``."""
+
+    #: The caller's id for the decision.
+    decision_id: str
+    #: The tenant.
+    tenant: str
+    #: Digest of the decision's parameters: a replay must match it.
+    params_digest: str
+    #: The effect decided on.
+    effect_id: str
+    #: When.
+    decided_at: float

@@ -45,6 +45,8 @@ class SQLCore(abc.ABC):
 
     #: The operator's audit key (None: unkeyed); set by the backend.
     audit_key: bytes | None
+    #: The dialect's name (``queries.DIALECTS``): which named queries, which batched reader.
+    DIALECT: ClassVar[str]
     #: The dialect's named statements (``queries.statements``).
     SQL: ClassVar[Mapping[str, str]]
     #: The dialect's placeholder.

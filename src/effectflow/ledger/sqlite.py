@@ -78,6 +78,7 @@ def _seconds(url: str, options: dict[str, str], name: str, default: float) -> fl
 class SQLiteStore(SQLCore, SQLReads):
     """A ledger in one SQLite file. Thread-safe: one connection behind a lock."""
 
+    DIALECT = "sqlite"
     SQL = queries.statements("sqlite")
     _MARK = "?"
 

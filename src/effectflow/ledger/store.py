@@ -17,47 +17,12 @@ from effectflow import errors
 from effectflow.ledger import expect, records
 from effectflow.ledger.local import LocalTransaction
 
+# Records of the store's own tables, defined with the others; named here too, where callers of a
+# store have always found them.
+from effectflow.ledger.records import DecisionRecord as DecisionRecord
+from effectflow.ledger.records import OperationBinding as OperationBinding
+
 T = TypeVar("T")
-
-
-@dataclasses.dataclass(frozen=True)
-class OperationBinding:
-    """A logical operation bound to one request digest and key (the ``operations`` table)."""
-
-    #: The tenant.
-    tenant: str
-    #: The business action's id.
-    logical_operation_id: str
-    #: Its idempotency key.
-    idempotency_key: str
-    #: The only request digest this operation may ever carry.
-    request_digest: str
-    #: The tool (``name@version``).
-    tool: str
-    #: The run whose step owns the operation.
-    run_id: str
-    #: That step.
-    step_id: str
-    #: When it was bound.
-    created_at: float
-    #: When the provider forgets the key (retention); purge may drop the binding after it.
-    key_expires_at: float
-
-
-@dataclasses.dataclass(frozen=True)
-class DecisionRecord:
-    """A person's decision, pinned by the caller's ``decision_id``."""
-
-    #: The caller's id for the decision.
-    decision_id: str
-    #: The tenant.
-    tenant: str
-    #: Digest of the decision's parameters: a replay must match it.
-    params_digest: str
-    #: The effect decided on.
-    effect_id: str
-    #: When.
-    decided_at: float
 
 
 @dataclasses.dataclass(frozen=True)

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from effectflow.ledger.audit import rows as row_names
+from effectflow.ledger.records import DecisionRecord, OperationBinding
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,8 +45,6 @@ class Problem:
 
 def _material(store: Any, head: Mapping[str, Any]) -> Material:
     """What ``verify`` reads of one run, through the store's own readers (both backends)."""
-    from effectflow.ledger.store import DecisionRecord, OperationBinding
-
     rid = str(head["run_id"])
     run = store.get_run(rid)
     rows: dict[str, Any] = {f"runs:{rid}": run, f"runs_fixed:{rid}": run}

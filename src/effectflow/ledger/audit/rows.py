@@ -63,15 +63,13 @@ def _layout(table: str) -> tuple[tuple[str, ...], tuple[int, ...]]:
 
 def _record_types() -> dict[str, type]:
     if not _RECORDS:
-        from effectflow.ledger.store import DecisionRecord, OperationBinding
-
         _RECORDS.update(
             steps=records.StepRecord,
             effects=records.EffectRecord,
             attempts=records.AttemptRecord,
             approvals=records.ApprovalRecord,
-            decisions=DecisionRecord,
-            operations=OperationBinding,
+            decisions=records.DecisionRecord,
+            operations=records.OperationBinding,
         )
     return _RECORDS
 
