@@ -35,6 +35,7 @@ from effectflow.ledger.local import LocalTransaction
 from effectflow.ledger.sql_core import SQLCore
 from effectflow.ledger.sql_reads import SQLReads
 from effectflow.ledger.store import (
+    LEDGER_URL_FORMS,
     Batch,
     parse_durability,
 )
@@ -45,20 +46,36 @@ _SYNC_MODES = {"off": "OFF", "normal": "NORMAL", "full": "FULL", "extra": "EXTRA
 
 
 def parse_url(url: str) -> tuple[str, dict[str, str]]:
-    """The file path and options of a ``sqlite:///`` URL (or a plain path)."""
+    """The file path and options of a ``sqlite:///`` URL (or a plain path).
+
+    A slip is refused rather than guessed at, before any file is created: ``sqlite://x.db`` names
+    a host, not a file (it used to be read as a relative path, so a typo decided where the ledger
+    lived), ``sqlite:/x.db`` is no URL and would have been a file in a folder named ``sqlite:``.
+
+    Raises:
+        errors.ContractError: the URL is malformed (names what was given and the right forms).
+    """
+    forms = f"write {LEDGER_URL_FORMS}"
     if "://" not in url:
+        scheme, colon, rest = url.partition(":")
+        slipped = scheme.lower() in ("sqlite", "sqlite3", "file", "postgres", "postgresql")
+        if colon and (slipped or (len(scheme) > 1 and scheme.isalnum() and rest.startswith("/"))):
+            raise errors.ContractError(f"{url!r} is not a ledger URL (a scheme needs ://); {forms}")
+        if not url:
+            raise errors.ContractError(f"no ledger given; {forms}")
         return url, {}
     parsed = urlparse(url)
-    path = parsed.path
-    if parsed.netloc:  # sqlite://relative/path is a common slip; read it as a relative path
-        path = parsed.netloc + path
-    elif path.startswith("/") and not path.startswith("//"):
-        path = path[1:]  # sqlite:///rel.db -> rel.db ; sqlite:////abs.db -> /abs.db
-    elif path.startswith("//"):
-        path = path[1:]
+    if parsed.scheme not in ("sqlite", "file"):
+        raise errors.ContractError(f"{url!r} is not a SQLite URL; {forms}")
+    if parsed.netloc:
+        raise errors.ContractError(
+            f"{url!r}: two slashes make {parsed.netloc!r} a host, not a file (a relative path is "
+            f"{parsed.scheme}:///{parsed.netloc}{parsed.path}); {forms}"
+        )
+    path = parsed.path[1:]  # sqlite:///rel.db -> rel.db ; sqlite:////abs.db -> /abs.db
     options = {key: values[-1] for key, values in parse_qs(parsed.query).items()}
-    if not path:
-        raise errors.ContractError(f"{url!r}: no database file; write sqlite:///path/to/effects.db")
+    if not path or path.endswith("/"):
+        raise errors.ContractError(f"{url!r}: no database file; {forms}")
     return path, options
 
 

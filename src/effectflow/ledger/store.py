@@ -435,15 +435,22 @@ def parse_durability(url: str, value: str | None) -> str:
     return mode
 
 
+#: The ledger URLs that are understood, as an error shows them.
+LEDGER_URL_FORMS = (
+    "sqlite:///relative/path.db, sqlite:////absolute/path.db or postgresql://user@host:5432/db"
+)
+
+
 def open_store(url: str) -> LedgerStore:
     """Open the backend a URL names, importing its driver only then.
 
     ``sqlite:///relative.db``, ``sqlite:////absolute.db``, or a plain file path use SQLite;
-    ``postgresql://user@host:5432/db`` (or ``postgres://``) uses PostgreSQL.
+    ``postgresql://user@host:5432/db`` (or ``postgres://``) uses PostgreSQL. A driver's dialect
+    in the scheme (``postgres+psycopg://``) is SQLAlchemy's spelling, not a ledger URL.
 
     Raises:
-        errors.ContractError: for a URL no backend understands, or a backend whose driver is not
-            installed.
+        errors.ContractError: for a URL no backend understands (or a malformed SQLite one), or a
+            backend whose driver is not installed.
     """
     scheme = urlparse(url).scheme if "://" in url else ""
     if scheme in ("", "sqlite", "file"):
@@ -460,5 +467,5 @@ def open_store(url: str) -> LedgerStore:
             ) from exc
         return postgres.PostgresStore(url)
     raise errors.ContractError(
-        f"{url!r}: unknown ledger URL scheme {scheme!r}; use sqlite:///path.db or postgresql://..."
+        f"{url!r}: unknown ledger URL scheme {scheme!r}; write {LEDGER_URL_FORMS}"
     )
