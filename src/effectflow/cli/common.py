@@ -50,8 +50,8 @@ AppOption = Annotated[
     str | None,
     typer.Option(
         "--app",
-        help="The application to import first, module or module:object, so the tools and "
-        "workflows the run executes are registered (e.g. myapp.flows).",
+        help="The application to import first, module, module:object or path/to/app.py, so the "
+        "tools and workflows the run executes are registered (e.g. myapp.flows).",
     ),
 ]
 RunArg = Annotated[str, typer.Argument(metavar="RUN", help="The run's id.", show_default=False)]

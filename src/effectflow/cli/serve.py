@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import sys
 from pathlib import Path
 from types import FrameType
 from typing import Annotated, Any
@@ -90,8 +89,8 @@ AppOption = Annotated[
     str | None,
     typer.Option(
         "--app",
-        help="module or module:object to import so the application's tools and workflows "
-        "are registered (approve, resume, cancel and compensate drive runs here).",
+        help="module, module:object or path/to/app.py to import so the application's tools and "
+        "workflows are registered (approve, resume, cancel and compensate drive runs here).",
     ),
 ]
 RequestKeysOption = Annotated[
@@ -180,8 +179,10 @@ def serve(
     given = {"max_body_bytes": max_body_bytes, "max_evidence_bytes": max_evidence_bytes}
     given["max_json_depth"] = max_json_depth
     limits = {name: value for name, value in given.items() if value is not None}
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
+    if app is not None:  # found and its errors said as for every verb's --app
+        from effectflow.cli import worker as worker_cli
+
+        app = worker_cli.imported_app(app)
     application = _application(
         db,
         tokens,

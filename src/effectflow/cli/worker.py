@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import logging
 import os
 import signal
 import sys
-from types import FrameType
+import traceback
+from pathlib import Path
+from types import FrameType, ModuleType
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
@@ -20,28 +23,111 @@ if TYPE_CHECKING:
 
 
 def load_app(spec: str) -> Any:
-    """Import ``module`` or ``module:object`` so the application's tools and workflows register.
+    """Import ``module``, ``module:object`` or ``path/to/app.py[:object]`` so the application's
+    tools and workflows register.
+
+    A module is found the way ``python -m`` finds it: the current directory first, then
+    ``PYTHONPATH``, then the installed packages; a dotted name is a module in a package. A file
+    path is run as ``python path/to/app.py`` would import it: its folder goes first on the path,
+    so the modules beside it import too.
 
     Raises:
-        typer.BadParameter: the module or the object cannot be found (a usage error).
+        typer.BadParameter: the module, the file or the object is not there (the message lists
+            where it was looked for), or importing it failed (the message is that error: a
+            broken import inside the application is not reported as a missing application).
     """
-    module_name, _, attr = spec.partition(":")
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise typer.BadParameter(
-            f"cannot import {module_name!r}: {exc}", param_hint="--app"
-        ) from exc
+    target, _, attr = spec.partition(":")
+    if _is_file(target):
+        module, module_name = _import_file(Path(target)), Path(target).stem
+    else:
+        module_name = target
+        module = _import_module(module_name)
     if not attr:
         return module
     try:
         return getattr(module, attr)
     except AttributeError:
         raise typer.BadParameter(
-            f"module {module_name!r} has no {attr!r}", param_hint="--app"
+            f"module {module_name!r} ({module.__file__}) has no {attr!r}", param_hint="--app"
         ) from None
+
+
+def imported_app(spec: str) -> str:
+    """``spec`` loaded (:func:`load_app`) and named as ``importlib`` finds it now: a file path
+    becomes its module's name, for code that imports the application by name afterwards."""
+    load_app(spec)
+    target, colon, attr = spec.partition(":")
+    return f"{Path(target).stem}{colon}{attr}" if _is_file(target) else spec
+
+
+def _is_file(target: str) -> bool:
+    return target.endswith(".py") or os.sep in target or "/" in target
+
+
+def _import_module(name: str) -> ModuleType:
+    """``name`` imported with the current directory first on ``sys.path``, as ``python -m``."""
+    here = os.getcwd()
+    # The console script put its own folder (the venv's bin) first; python -m puts the cwd there.
+    script = os.path.dirname(os.path.abspath(sys.argv[0])) if sys.argv and sys.argv[0] else None
+    if sys.path and sys.path[0] == script:
+        sys.path[0] = here
+    elif sys.path[:1] not in ([""], [here]):
+        sys.path.insert(0, here)
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as exc:
+        if exc.name is None or not (name == exc.name or name.startswith(exc.name + ".")):
+            raise _import_failed(name, exc) from exc
+        raise typer.BadParameter(_not_found(name, exc.name), param_hint="--app") from None
+    except Exception as exc:
+        raise _import_failed(name, exc) from exc
+
+
+def _not_found(name: str, missing: str) -> str:
+    """Which module was looked for and in which directories (the package's, for a submodule)."""
+    parent = missing.rpartition(".")[0]
+    package = sys.modules.get(parent) if parent else None
+    places = list(getattr(package, "__path__", None) or []) if package else list(sys.path)
+    searched = [p or os.getcwd() for p in places if not str(p).endswith(".zip")]
+    where = "\n  ".join(searched) or "(no directory)"
+    wanted = f"{name!r}" if missing == name else f"{name!r} (its package {missing!r})"
+    return (
+        f"no module {wanted}; looked in (the current directory, PYTHONPATH, then the installed "
+        f"packages):\n  {where}\na file is given by its path: --app path/to/app.py"
+    )
+
+
+def _import_file(path: Path) -> ModuleType:
+    """The module in the file ``path``, imported under its stem with its folder first on the path."""
+    if not path.is_file():
+        raise typer.BadParameter(
+            f"no file {str(path)!r} (looked in {os.getcwd()})", param_hint="--app"
+        )
+    folder = str(path.resolve().parent)
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
+    name = path.stem
+    spec = importlib.util.spec_from_file_location(name, path.resolve())
+    if spec is None or spec.loader is None:
+        raise typer.BadParameter(f"{str(path)!r} is not a Python module", param_hint="--app")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:
+        del sys.modules[name]
+        raise _import_failed(str(path), exc) from exc
+    return module
+
+
+def _import_failed(name: str, exc: BaseException) -> typer.BadParameter:
+    """The application's own import error, with the line that raised it."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    inside = [f for f in frames if "importlib" not in f.filename]
+    at = f" at {inside[-1].filename}:{inside[-1].lineno}" if inside else ""
+    return typer.BadParameter(
+        f"importing {name!r} failed{at}: {type(exc).__name__}: {exc}", param_hint="--app"
+    )
 
 
 def worker(
@@ -49,8 +135,8 @@ def worker(
         str,
         typer.Option(
             "--app",
-            help="The application to import, module or module:object, so its tools and "
-            "workflows are registered (e.g. myapp.flows).",
+            help="The application to import, module, module:object or path/to/app.py, so its "
+            "tools and workflows are registered (e.g. myapp.flows).",
         ),
     ],
     db: Annotated[
