@@ -140,7 +140,7 @@ class Workloads:
                 return Lookup.confirmed(external_effect_id=idempotency_key)
             return Lookup.not_committed()
 
-        def append_line(payload: str, *, idempotency_key: str) -> dict[str, Any]:
+        def append_line(payload: str, *, idempotency_key: str = "") -> dict[str, Any]:
             provider.append(idempotency_key, payload)
             return {"key": idempotency_key}
 

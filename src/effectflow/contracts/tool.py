@@ -275,7 +275,12 @@ class ToolContract:
 
 
 class Tool(Generic[P, R]):
-    """A callable with a side-effect contract. Calling it directly bypasses the runtime."""
+    """A callable with a side-effect contract. Calling it directly bypasses the runtime.
+
+    ``Tool[P, R]``: ``P`` is the function's parameters, those the runtime passes included (no
+    annotation can drop a keyword-only one, docs/typing.md), ``R`` what it returns; ``ctx.call``
+    is typed from both. A tool known only by name is a ``Tool[..., Any]``.
+    """
 
     def __init__(self, fn: Callable[P, R], contract: ToolContract) -> None:
         contract.validate()

@@ -115,7 +115,7 @@ def get_email_status(
     external_system="mail-provider",
     target="to",
 )
-def send_email(to: str, subject: str, body: str, *, idempotency_key: str) -> dict[str, Any]:
+def send_email(to: str, subject: str, body: str, *, idempotency_key: str = "") -> dict[str, Any]:
     """Send the customer email; the provider replays the original answer for a repeated key."""
     try:
         return providers().mail.send(to, subject, body, idempotency_key=idempotency_key)
@@ -145,7 +145,7 @@ def get_crm_task(*, idempotency_key: str | None = None) -> ef.Lookup:
     target="case_id",
 )
 def create_crm_task(
-    case_id: str, message_id: str, owner: str, *, idempotency_key: str
+    case_id: str, message_id: str, owner: str, *, idempotency_key: str = ""
 ) -> dict[str, Any]:
     """Create the follow-up task, linked to the email the customer got."""
     try:
@@ -180,7 +180,12 @@ def find_owner_notification(*, idempotency_key: str | None = None) -> ef.Lookup:
     external_system="chat",
 )
 def notify_owner(
-    owner: str, case_id: str, task_id: str, *, idempotency_key: str, deadline: float
+    owner: str,
+    case_id: str,
+    task_id: str,
+    *,
+    idempotency_key: str = "",
+    deadline: float = 0.0,
 ) -> dict[str, Any]:
     """Tell the case owner; the chat API does not deduplicate, so the key travels as a tag, and
     the call carries a deadline the API enforces, so a search that finds nothing after it is proof.

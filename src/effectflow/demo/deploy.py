@@ -122,7 +122,7 @@ def get_deployment(*, idempotency_key: str | None = None) -> ef.Lookup:
     target="target",
 )
 def deploy(
-    target: str, image: str, *, precondition: ef.Expect, idempotency_key: str
+    target: str, image: str, *, precondition: ef.Expect, idempotency_key: str = ""
 ) -> dict[str, Any]:
     """Deploy ``image`` only if the target is still at the revision we observed."""
     expected = None if precondition.revision is None else int(precondition.revision)

@@ -159,7 +159,7 @@ def cancel_refund(refund_id: str, *, idempotency_key: str) -> dict[str, Any]:
     external_system="payments",
     target="payment_id",
 )
-def create_refund(payment_id: str, amount: int, *, idempotency_key: str) -> dict[str, Any]:
+def create_refund(payment_id: str, amount: int, *, idempotency_key: str = "") -> dict[str, Any]:
     """Refund ``amount`` (minor units) of a payment; the provider replays a repeated key."""
     try:
         return world().payments.create_refund(payment_id, amount, idempotency_key=idempotency_key)
@@ -194,7 +194,7 @@ def get_refund_email_status(*, idempotency_key: str | None = None) -> ef.Lookup:
     target="to",
 )
 def email_refund_notice(
-    to: str, subject: str, body: str, *, idempotency_key: str
+    to: str, subject: str, body: str, *, idempotency_key: str = ""
 ) -> dict[str, Any]:
     """Tell the customer about the refund. There is no unsending an email: no compensation."""
     try:
