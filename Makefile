@@ -3,6 +3,9 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+# The demo's own install: the core and the `demo` extra, not the dev toolchain (Playwright, mypy,
+# schemathesis, every integration's host framework).
+DEMO_STAMP := $(VENV)/.demo-installed
 LINTED := $(wildcard src tests benchmarks)
 
 # In CI (CI=true) the PostgreSQL half of the suite must run: a server that does not answer fails
@@ -17,9 +20,14 @@ $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[dev]'
-	touch $(STAMP)
+	touch $(STAMP) $(DEMO_STAMP)
 
-demo: $(STAMP)
+$(DEMO_STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet -e '.[demo]'
+	touch $(DEMO_STAMP)
+
+demo: $(DEMO_STAMP)
 	$(VENV)/bin/effectflow demo
 
 lint: $(STAMP)
