@@ -145,3 +145,13 @@ def test_a_missing_file_exits_2(tmp_path: Path) -> None:
     said = _said(done)
     assert done.returncode == 2, done.stdout + done.stderr
     assert f"no file 'apps/gone.py' (looked in {tmp_path})" in said
+
+
+def test_a_file_named_like_an_imported_module_is_refused_not_swapped_in(tmp_path: Path) -> None:
+    """--app apps/typer.py exits 2: registering it as `typer` would replace the CLI's own typer."""
+    _write(tmp_path / "apps" / "typer.py", APP.format(name="typer"))
+    done = _worker(tmp_path, "apps/typer.py", cwd=tmp_path)
+    said = _said(done)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "a module named 'typer' is already imported" in said
+    assert _marks(tmp_path) == []

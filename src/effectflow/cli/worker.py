@@ -61,6 +61,7 @@ def imported_app(spec: str) -> str:
 
 
 def _is_file(target: str) -> bool:
+    """A slash or a ``.py`` ending makes ``--app`` a file: no module name has either."""
     return target.endswith(".py") or os.sep in target or "/" in target
 
 
@@ -107,6 +108,14 @@ def _import_file(path: Path) -> ModuleType:
     if folder not in sys.path:
         sys.path.insert(0, folder)
     name = path.stem
+    taken = getattr(sys.modules.get(name), "__file__", None)
+    if taken is not None and Path(taken).resolve() != path.resolve():
+        # Registering the file under a name already imported would replace that module.
+        raise typer.BadParameter(
+            f"{str(path)!r}: a module named {name!r} is already imported (from {taken}); "
+            "rename the file",
+            param_hint="--app",
+        )
     spec = importlib.util.spec_from_file_location(name, path.resolve())
     if spec is None or spec.loader is None:
         raise typer.BadParameter(f"{str(path)!r} is not a Python module", param_hint="--app")
@@ -115,7 +124,7 @@ def _import_file(path: Path) -> ModuleType:
     try:
         spec.loader.exec_module(module)
     except Exception as exc:
-        del sys.modules[name]
+        sys.modules.pop(name, None)
         raise _import_failed(str(path), exc) from exc
     return module
 
