@@ -7,7 +7,7 @@ Run::
     .venv/bin/python benchmarks/compare/hosts_scorecard.py --trials 5
     .venv/bin/python benchmarks/compare/hosts_scorecard.py --trials 5 --hosts langgraph,dbos --json
 
-The same code as ``effectflow bench --hosts`` (``effectflow.bench.scorecard``); this script only
+The same code as ``effectflow bench --hosts`` (``effectflow.scorecard``); this script only
 defaults to the ``hosts/`` folder beside it.
 """
 
@@ -18,7 +18,7 @@ import json
 import sys
 from pathlib import Path
 
-from effectflow import bench
+from effectflow import scorecard as bench
 
 HOSTS = Path(__file__).resolve().parent / "hosts"
 

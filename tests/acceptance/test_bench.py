@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from effectflow import bench
+from effectflow import bench, scorecard
 from effectflow.cli import main as cli_main
 from effectflow.contracts import registry
 
@@ -209,10 +209,10 @@ def test_bench_hosts_finds_the_checkout_s_hosts_folder(tmp_path: Path) -> None:
     checkout = tmp_path / "checkout"
     hosts = _fake_hosts(checkout / "benchmarks" / "compare" / "hosts")
     (checkout / "src" / "deep").mkdir(parents=True)
-    assert bench.find_hosts_dir(checkout / "src" / "deep") == hosts
+    assert scorecard.find_hosts_dir(checkout / "src" / "deep") == hosts
     repo = Path(bench.__file__).resolve().parents[2]
-    if (repo / bench.HOSTS_SUBDIR).is_dir():  # an editable install: the package's own checkout
-        assert bench.find_hosts_dir(tmp_path) == repo / bench.HOSTS_SUBDIR
+    if (repo / scorecard.HOSTS_SUBDIR).is_dir():  # an editable install: the package's own checkout
+        assert scorecard.find_hosts_dir(tmp_path) == repo / scorecard.HOSTS_SUBDIR
     else:
-        with pytest.raises(bench.ScorecardError, match="ship with the effectflow repository"):
-            bench.find_hosts_dir(tmp_path)
+        with pytest.raises(scorecard.ScorecardError, match="ship with the effectflow repository"):
+            scorecard.find_hosts_dir(tmp_path)

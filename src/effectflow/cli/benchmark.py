@@ -117,9 +117,9 @@ def _bench_workloads(workflows: int, mode: str, as_json: bool) -> None:
 
 
 def _bench_hosts(trials: int, hosts_dir: Path | None, only: str | None, as_json: bool) -> None:
-    """``bench --hosts``: the scorecard of ``effectflow.bench.scorecard``, the code
+    """``bench --hosts``: the scorecard of ``effectflow.scorecard``, the code
     benchmarks/compare/hosts_scorecard.py runs too."""
-    from effectflow import bench as bench_mod
+    from effectflow import scorecard as bench_mod
 
     names = only.split(",") if only is not None else None
     try:
