@@ -160,7 +160,7 @@ def parse(question: Question, answer: Any, wording: Wording) -> Decision:
         )
     if question.kind == "approval" and "approved" in answer:
         who = _who(question, answer, "approver", wording)
-        if answer["approved"]:
+        if _flag(answer, "approved"):
             approval_id = str(answer.get("approval_id") or question.approval_id)
             return Approve(approver=who, approval_id=approval_id, note=answer.get("note"))
         return Reject(by=who, reason=str(answer.get("reason") or "declined"))
@@ -169,7 +169,7 @@ def parse(question: Question, answer: Any, wording: Wording) -> Decision:
             raise errors.ArgumentError(f"no effect to resolve for call {question.run_id}")
         return Resolve(
             effect_id=question.effect_id,
-            committed=bool(answer["committed"]),
+            committed=_flag(answer, "committed"),
             evidence=dict(answer.get("evidence") or {}),
             by=_who(question, answer, "by", wording),
             decision_id=answer.get("decision_id"),
@@ -284,3 +284,14 @@ def _who(question: Question, answer: Mapping[str, Any], key: str, wording: Wordi
     if not isinstance(who, str) or not who.strip():
         raise errors.ArgumentError(wording.unnamed.format(run_id=question.run_id, key=key))
     return who
+
+
+def _flag(answer: Mapping[str, Any], key: str) -> bool:
+    """A yes/no of the answer, only as a JSON boolean: a form's ``"false"`` or ``0`` is not read
+    as a decision (``bool("false")`` would approve a refund, or say an effect happened)."""
+    value = answer[key]
+    if not isinstance(value, bool):
+        raise errors.ArgumentError(
+            f"{key!r} must be true or false, got {value!r}; nothing was recorded"
+        )
+    return value
