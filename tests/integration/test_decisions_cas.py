@@ -228,6 +228,20 @@ def test_the_loser_of_a_resolution_race_changes_nothing(runtimes: list[ef.Runtim
     assert after == before
 
 
+@pytest.mark.parametrize("committed", ["no", "false", 0, 1, None])
+def test_a_resolution_whose_yes_or_no_is_not_a_boolean_changes_nothing(
+    runtimes: list[ef.Runtime], committed: Any
+) -> None:
+    """``committed="no"`` is refused, not read as ``bool("no")`` (the effect "happened"): the
+    effect stays in doubt and nothing is written."""
+    alice = runtimes[0]
+    effect = in_doubt(alice, f"flag-{uuid.uuid4().hex[:6]}")
+    before = (alice.audit(effect.run_id), alice.store.get_effect(effect.effect_id))
+    with pytest.raises(ef.ArgumentError, match="committed must be True or False"):
+        alice.resolve(effect.effect_id, committed=committed, evidence={}, by="alice")
+    assert (alice.audit(effect.run_id), alice.store.get_effect(effect.effect_id)) == before
+
+
 # -- approve ------------------------------------------------------------------------------------
 
 

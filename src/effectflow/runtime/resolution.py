@@ -83,6 +83,11 @@ def resolve(
     only for this answer (a cancelled run, which the caller resumes to give it its end state)."""
     if not by:
         raise errors.ArgumentError("resolve needs `by`: the person (or system) deciding")
+    if not isinstance(committed, bool):
+        # bool("no") is True: a form's or a client's string would say the effect happened.
+        raise errors.ArgumentError(
+            f"committed must be True or False, got {committed!r}; nothing was recorded"
+        )
     digests.check_id(by, path="by")
     if decision_id is not None:
         digests.check_id(decision_id, path="decision_id")
