@@ -16,6 +16,7 @@ import typer
 from effectflow.cli import contracts as contracts_cli
 from effectflow.cli import mcp_gateway as mcp_gateway_cli
 from effectflow.cli import ops as ops_cli
+from effectflow.cli import retention as retention_cli
 from effectflow.cli import serve as serve_cli
 from effectflow.cli import testing as testing_cli
 from effectflow.cli import worker as worker_cli
@@ -55,6 +56,7 @@ app.command("cancel")(ops_cli.cancel)
 app.command("resume")(ops_cli.resume)
 app.command("compensate")(ops_cli.compensate)
 app.command("bench")(ops_cli.bench)
+app.command("purge-keys")(retention_cli.purge_keys)
 
 DbOption = Annotated[
     str,
