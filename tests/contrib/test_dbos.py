@@ -7,7 +7,6 @@ The SIGKILL and DBOS's own recovery in a fresh process are in ``test_dbos_crash.
 from __future__ import annotations
 
 import asyncio
-import json
 import subprocess
 import sys
 import time
@@ -20,73 +19,29 @@ import pytest
 from dbos import DBOS, SetWorkflowID
 
 import effectflow as ef
+from contrib import host_world
 from effectflow.contrib import dbos as ef_dbos
 from effectflow.runtime import guard
 
 
 class World:
-    """The provider's record (a file, one JSON line per committed write) and the guarded calls
-    the workflows below use (set by the ``host`` fixture)."""
+    """The guarded calls the workflows below use (set by the ``host`` fixture); the provider's
+    record is ``PROVIDER``'s file."""
 
-    file = Path("unset")
     calls: dict[str, ef_dbos.GuardedStep] = {}  # noqa: RUF012 - reset per test by the fixture
 
 
-def records() -> list[dict[str, Any]]:
-    """What the provider committed, in order."""
-    if not World.file.exists():
-        return []
-    return [json.loads(line) for line in World.file.read_text().splitlines()]
-
-
-def _commit(kind: str, key: str, **fields: Any) -> dict[str, Any]:
-    record = {"id": f"{kind}_{len(records()) + 1}", "key": key, **fields}
-    with World.file.open("a") as fh:
-        fh.write(json.dumps(record) + "\n")
-    return record
-
-
-@ef.tool("dbos_find", effect="read")
-def find(*, idempotency_key: str) -> ef.Lookup:
-    """The lookup: the provider's record searched by the call's key."""
-    for record in records():
-        if record["key"] == idempotency_key:
-            return ef.Lookup.confirmed(external_effect_id=record["id"], result=record)
-    return ef.Lookup.not_committed()
-
-
-@ef.tool("dbos_send", effect="external_write", confirm=find, effect_id="id", settles_within=0)
-def send(to: str, text: str, *, idempotency_key: str) -> dict[str, Any]:
-    """Send a message."""
-    return _commit("msg", idempotency_key, to=to, text=text)
-
-
-@ef.tool("dbos_lost", effect="external_write", confirm=find, effect_id="id", settles_within=0)
-def send_lost(to: str, text: str, *, idempotency_key: str) -> dict[str, Any]:
-    """Send a message; the provider commits it and its answer is lost on the way back."""
-    _commit("msg", idempotency_key, to=to, text=text)
-    raise ef.OutcomeUnknown("connection reset after the request was sent")
-
-
-@ef.tool("dbos_untagged", effect="external_write", effect_id="id")
-def send_untagged(to: str, text: str, *, idempotency_key: str) -> dict[str, Any]:
-    """Not searchable: after a lost answer only a person can tell."""
-    _commit("raw", idempotency_key, to=to, text=text)
-    raise ef.OutcomeUnknown("the answer was lost")
-
-
-@ef.tool(
-    "dbos_refund",
-    effect="financial_write",
-    idempotency=ef.Idempotency(supported=True),
-    effect_id="id",
+PROVIDER = host_world.Provider()
+records = PROVIDER.records
+_commit = PROVIDER.commit
+TOOLS = host_world.declare("dbos", PROVIDER, refund_kind="refund", mark_replays=False)
+find, send, send_lost, send_untagged, refund = (
+    TOOLS.find,
+    TOOLS.send,
+    TOOLS.send_lost,
+    TOOLS.send_untagged,
+    TOOLS.refund,
 )
-def refund(order: str, amount: int, *, idempotency_key: str) -> dict[str, Any]:
-    """Refund an order (the provider deduplicates by key)."""
-    for record in records():
-        if record["key"] == idempotency_key:
-            return record
-    return _commit("refund", idempotency_key, order=order, amount=amount)
 
 
 @DBOS.workflow(name="ef_test_one_call")
@@ -137,7 +92,7 @@ def _launch(directory: Path) -> None:
 @pytest.fixture
 def rt(tmp_path: Path) -> Iterator[ef.Runtime]:
     """A ledger, the provider's file, DBOS launched on a fresh SQLite system database."""
-    World.file = tmp_path / "provider.jsonl"
+    PROVIDER.file = tmp_path / "provider.jsonl"
     with ef.Runtime(f"sqlite:///{tmp_path / 'ledger.db'}") as runtime:
         World.calls = {
             "send": ef_dbos.guarded(runtime, send),

@@ -23,64 +23,20 @@ from langgraph.types import Command
 from pydantic import Field
 
 import effectflow as ef
+from contrib import host_world
 from effectflow.contrib import langgraph as ef_langgraph
 
-PROVIDER = {"file": ""}
-
-
-def records() -> list[dict[str, Any]]:
-    """What the provider committed, in order."""
-    path = Path(PROVIDER["file"])
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
-
-
-def _commit(kind: str, key: str, **fields: Any) -> dict[str, Any]:
-    record = {"id": f"{kind}_{len(records()) + 1}", "key": key, **fields}
-    with Path(PROVIDER["file"]).open("a") as fh:
-        fh.write(json.dumps(record) + "\n")
-    return record
-
-
-@ef.tool("lg_find", effect="read")
-def find(*, idempotency_key: str) -> ef.Lookup:
-    for record in records():
-        if record["key"] == idempotency_key:
-            return ef.Lookup.confirmed(external_effect_id=record["id"], result=record)
-    return ef.Lookup.not_committed()
-
-
-@ef.tool("lg_send", effect="external_write", confirm=find, effect_id="id", settles_within=0)
-def send(to: str, text: str, *, idempotency_key: str) -> dict[str, Any]:
-    """Send a message."""
-    return _commit("msg", idempotency_key, to=to, text=text)
-
-
-@ef.tool("lg_lost", effect="external_write", confirm=find, effect_id="id", settles_within=0)
-def send_lost(to: str, text: str, *, idempotency_key: str) -> dict[str, Any]:
-    """Send a message; the provider commits it and the answer is lost on the way back."""
-    _commit("msg", idempotency_key, to=to, text=text)
-    raise ef.OutcomeUnknown("connection reset after the request was sent")
-
-
-@ef.tool("lg_untagged", effect="external_write", effect_id="id")
-def send_untagged(to: str, text: str, *, idempotency_key: str) -> dict[str, Any]:
-    """Not searchable: after a lost answer only a person can tell."""
-    _commit("raw", idempotency_key, to=to, text=text)
-    raise ef.OutcomeUnknown("the answer was lost")
-
-
-@ef.tool(
-    "lg_refund",
-    effect="financial_write",
-    idempotency=ef.Idempotency(supported=True),
-    effect_id="id",
+PROVIDER = host_world.Provider()
+records = PROVIDER.records
+_commit = PROVIDER.commit
+TOOLS = host_world.declare("lg", PROVIDER)
+find, send, send_lost, send_untagged, refund = (
+    TOOLS.find,
+    TOOLS.send,
+    TOOLS.send_lost,
+    TOOLS.send_untagged,
+    TOOLS.refund,
 )
-def refund(order: str, amount: int, *, idempotency_key: str) -> dict[str, Any]:
-    """Refund an order. The provider deduplicates by key."""
-    for record in records():
-        if record["key"] == idempotency_key:
-            return {**record, "replayed": True}
-    return _commit("rf", idempotency_key, order=order, amount=amount)
 
 
 SEND = {"to": "a@example.com", "text": "hi"}
@@ -117,7 +73,7 @@ class ScriptedModel(BaseChatModel):
 @pytest.fixture(autouse=True)
 def provider(tmp_path: Path) -> Path:
     path = tmp_path / "provider.jsonl"
-    PROVIDER["file"] = str(path)
+    PROVIDER.file = path
     return path
 
 

@@ -27,69 +27,26 @@ from temporalio.exceptions import ActivityError, ApplicationError, RetryState
 from temporalio.testing import ActivityEnvironment
 
 import effectflow as ef
+from contrib import host_world
 from effectflow.contrib import temporal as ef_temporal
 
-
-class World:
-    """The provider's record: a file, one JSON line per committed write."""
-
-    file = Path("unset")
-
-
-def records() -> list[dict[str, Any]]:
-    """What the provider committed, in order."""
-    if not World.file.exists():
-        return []
-    return [json.loads(line) for line in World.file.read_text().splitlines()]
-
-
-def _commit(kind: str, key: str, **fields: Any) -> dict[str, Any]:
-    record = {"id": f"{kind}_{len(records()) + 1}", "key": key, **fields}
-    with World.file.open("a") as fh:
-        fh.write(json.dumps(record) + "\n")
-    return record
-
-
-@ef.tool("tmp_find", effect="read")
-def find(*, idempotency_key: str) -> ef.Lookup:
-    """The lookup: the provider's record searched by the call's key."""
-    for record in records():
-        if record["key"] == idempotency_key:
-            return ef.Lookup.confirmed(external_effect_id=record["id"], result=record)
-    return ef.Lookup.not_committed()
-
-
-@ef.tool("tmp_send", effect="external_write", confirm=find, effect_id="id", settles_within=0)
-def send(to: str, text: str, *, idempotency_key: str) -> dict[str, Any]:
-    """Send a message."""
-    return _commit("msg", idempotency_key, to=to, text=text)
-
-
-@ef.tool("tmp_lost", effect="external_write", confirm=find, effect_id="id", settles_within=0)
-def send_lost(to: str, text: str, *, idempotency_key: str) -> dict[str, Any]:
-    """Send a message; the provider commits it and its answer is lost on the way back."""
-    _commit("msg", idempotency_key, to=to, text=text)
-    raise ef.OutcomeUnknown("connection reset after the request was sent")
-
-
-@ef.tool(
-    "tmp_refund",
-    effect="financial_write",
-    idempotency=ef.Idempotency(supported=True),
-    effect_id="id",
+PROVIDER = host_world.Provider()
+records = PROVIDER.records
+_commit = PROVIDER.commit
+TOOLS = host_world.declare("tmp", PROVIDER, refund_kind="refund", mark_replays=False)
+find, send, send_lost, send_untagged, refund = (
+    TOOLS.find,
+    TOOLS.send,
+    TOOLS.send_lost,
+    TOOLS.send_untagged,
+    TOOLS.refund,
 )
-def refund(order: str, amount: int, *, idempotency_key: str) -> dict[str, Any]:
-    """Refund an order (the provider deduplicates by key)."""
-    for record in records():
-        if record["key"] == idempotency_key:
-            return record
-    return _commit("refund", idempotency_key, order=order, amount=amount)
 
 
 @pytest.fixture
 def rt(tmp_path: Path) -> Iterator[ef.Runtime]:
     """A ledger and the provider's file."""
-    World.file = tmp_path / "provider.jsonl"
+    PROVIDER.file = tmp_path / "provider.jsonl"
     with ef.Runtime(f"sqlite:///{tmp_path / 'ledger.db'}") as runtime:
         yield runtime
 
