@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Generator
 from typing import Any
 
-from effectflow import errors
+from effectflow import errors, telemetry
 from effectflow.ledger import records
 from effectflow.ledger.records import NextAction, StepStatus
 from effectflow.policies import decision
@@ -74,6 +74,7 @@ def send(
     st.sent_at[attempt.attempt_id] = (
         call.port.clock()
     )  # bounds count from here, not from the intent
+    telemetry.attempt_started(call.run_id, call.step_id, call.tool.ref, attempt.number)
     result: machine_io.Result = yield machine_io.Invoke(
         call.tool, call.args, kwargs, call.contract.timeout
     )

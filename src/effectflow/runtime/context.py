@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Coroutine
 from typing import Any, ParamSpec, TypeVar, overload
 
+from effectflow import telemetry
 from effectflow.contracts.tool import Tool
 from effectflow.runtime import driver, step_machine
 from effectflow.runtime import state as state_mod
@@ -135,7 +136,11 @@ class Context(_Base):
                 conflict the run re-runs it and tries again with the new observation.
         """
         call = self._call(step_id, tool, args, kwargs, operation_id, key_target, observe)
-        return driver.drive(self._port, self._state, step_machine.run(call))
+        return driver.drive(
+            self._port,
+            self._state,
+            telemetry.step(call.run_id, call.step_id, call.tool.ref, step_machine.run(call)),
+        )
 
 
 class AsyncContext(_Base):
@@ -196,4 +201,8 @@ class AsyncContext(_Base):
     ) -> Any:
         """The async twin of ``Context.call``, typed the same way (``await`` gives the result)."""
         call = self._call(step_id, tool, args, kwargs, operation_id, key_target, observe)
-        return await driver.drive_async(self._port, self._state, step_machine.run(call))
+        return await driver.drive_async(
+            self._port,
+            self._state,
+            telemetry.step(call.run_id, call.step_id, call.tool.ref, step_machine.run(call)),
+        )

@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Generator
 from typing import Any
 
-from effectflow import digests, errors
+from effectflow import digests, errors, telemetry
 from effectflow.contracts.workflow import Workflow
 from effectflow.ledger import records
 from effectflow.ledger.records import ControlKind, NextAction, RunStatus, StepStatus
@@ -68,9 +68,11 @@ class Executor:
             return asyncio.run(self.drive_async(run, workflow, claimed=claimed, redrive=redrive))
         state = self._prepare(run, workflow, claimed=claimed)
         state.redrive_step = redrive
+        telemetry.run_started(state.run.run_id, state.run.workflow)
         try:
-            return self._execute(state, workflow)
+            return telemetry.run_ended(self._execute(state, workflow))
         finally:
+            telemetry.run_left(state.run.run_id)
             self._leases.drop(state)
 
     async def drive_async(
@@ -84,11 +86,13 @@ class Executor:
         """``drive`` on the caller's event loop (async workflows run on it)."""
         state = self._prepare(run, workflow, claimed=claimed)
         state.redrive_step = redrive
+        telemetry.run_started(state.run.run_id, state.run.workflow)
         try:
             if not workflow.is_async:
-                return await asyncio.to_thread(self._execute, state, workflow)
-            return await self._execute_async(state, workflow)
+                return telemetry.run_ended(await asyncio.to_thread(self._execute, state, workflow))
+            return telemetry.run_ended(await self._execute_async(state, workflow))
         finally:
+            telemetry.run_left(state.run.run_id)
             self._leases.drop(state)
 
     def apply_control(

@@ -14,7 +14,7 @@ import math
 from collections.abc import Generator
 from typing import Any
 
-from effectflow import digests
+from effectflow import digests, telemetry
 from effectflow.contracts.lookup import Lookup, LookupStatus
 from effectflow.ledger import records
 from effectflow.ledger.records import NextAction, Outcome, StepStatus
@@ -109,12 +109,14 @@ def _look(
         kwargs["idempotency_key"] = call.key
     if "external_effect_id" in params:
         kwargs["external_effect_id"] = step.external_effect_id
+    telemetry.lookup_started(call.run_id, call.step_id, call.tool.ref, lookup_tool.ref)
     result: machine_io.Result = yield machine_io.Invoke(
         lookup_tool, (), kwargs, lookup_tool.contract.timeout
     )
     call.port.faults.hit(FaultPoint.AFTER_LOOKUP_BEFORE_RECORD, call.step_id)
     now = call.port.clock()
     answer, premature = _answer(result, step, until, now)
+    telemetry.lookup_ended(call.run_id, call.step_id, call.tool.ref, answer.status.value)
     effect = call.effect_of(step)
     batch = st.batch()
     if answer.status is LookupStatus.CONFIRMED:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Generator, Mapping
 from typing import Any
 
-from effectflow import errors
+from effectflow import errors, telemetry
 from effectflow.ledger import records
 from effectflow.ledger.records import Outcome, StepStatus
 from effectflow.policies.decision import Situation
@@ -34,6 +34,7 @@ def record(
     call.port.faults.hit(FaultPoint.AFTER_CALL_BEFORE_RECORD, call.step_id)
     now = call.port.clock()
     outcome, situation = classify.classify(result)
+    telemetry.attempt_ended(call.run_id, call.step_id, call.tool.ref, outcome.value)
     if situation is Situation.NOT_COMMITTED and call.earlier_call_in_doubt(attempt):
         # This call provably did nothing, but an earlier one may have committed: still in doubt.
         situation = Situation.IN_DOUBT

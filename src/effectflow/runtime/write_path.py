@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Generator
 from typing import Any
 
-from effectflow import digests, errors
+from effectflow import digests, errors, telemetry
 from effectflow.ledger import records
 from effectflow.ledger.records import CompensationStatus, NextAction, StepStatus
 from effectflow.ledger.store import OperationBinding
@@ -121,6 +121,15 @@ def _until_settled(call: StepCall, situation: Situation) -> machine_io.Machine:
     while True:
         step = st.steps[call.step_id]
         verdict = decision.decide(situation, facts.of(call, step))
+        telemetry.decided(
+            call.run_id,
+            call.step_id,
+            step.effect_id,
+            step.logical_operation_id,
+            call.tool.ref,
+            verdict.row,
+            verdict.action.value,
+        )
         action = verdict.action
         if action is Action.USE_RECORDED:
             return st.steps[call.step_id].output

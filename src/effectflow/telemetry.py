@@ -1,0 +1,277 @@
+"""The one place effectflow talks to OpenTelemetry: spans, metrics and decision log lines.
+
+OpenTelemetry is optional (``pip install 'effectflow[telemetry]'``: the API only). Without it every
+function here is a cheap no-op, so the core imports and runs the same. With it, spans and metrics
+go to the application's configured providers (``trace.get_tracer`` / ``metrics.get_meter``); no
+exporter is forced. Tests, or an application that keeps its providers private, pass them to
+``use``. What is emitted and under which names: docs/telemetry.md.
+
+The write path is a generator the driver resumes, so a span cannot be "current" across its
+yields: each span is opened with an explicit parent found by its ids (run, then step), and closed
+by the hook that knows its end. Attributes carry ids, tool@version, outcomes and decision rows —
+never argument values, idempotency keys, evidence or outputs.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Generator, Mapping
+from typing import Any, Protocol, TypeVar
+
+__all__ = [
+    "attempt_ended",
+    "attempt_started",
+    "decided",
+    "enabled",
+    "lookup_ended",
+    "lookup_started",
+    "run_ended",
+    "run_left",
+    "run_started",
+    "step",
+    "use",
+]
+
+
+class _Status(Protocol):
+    @property
+    def value(self) -> str: ...
+
+
+class _Run(Protocol):
+    @property
+    def run_id(self) -> str: ...
+    @property
+    def status(self) -> _Status: ...
+
+
+_R = TypeVar("_R", bound=_Run)
+
+#: The INFO line of each decision of the table (its row and action, with the ids).
+decisions_log = logging.getLogger("effectflow.decisions")
+
+_VERSION = "0.1.0"
+_PREFIX = "effectflow."
+
+_trace: Any = None
+_metrics: Any = None
+_tracer_provider: Any = None
+_meter_provider: Any = None
+_tracer: Any = None
+_instruments: dict[str, Any] = {}
+#: Open spans by their ids: (run_id,), (run_id, step_id), (run_id, step_id, kind).
+_open: dict[tuple[str, ...], Any] = {}
+_started: dict[tuple[str, ...], float] = {}
+_loaded = False
+
+
+def _load() -> bool:
+    """Import the OpenTelemetry API once; False (and every hook a no-op) when it is missing."""
+    global _loaded, _trace, _metrics
+    if not _loaded:
+        _loaded = True
+        try:
+            from opentelemetry import metrics, trace
+        except ImportError:
+            _trace = _metrics = None
+        else:
+            _trace, _metrics = trace, metrics
+    return _trace is not None
+
+
+def enabled() -> bool:
+    """Whether the OpenTelemetry API is importable (spans and metrics are emitted through it)."""
+    return _load()
+
+
+def use(tracer_provider: Any = None, meter_provider: Any = None) -> None:
+    """Emit to these providers instead of the global ones (None: the global ones again).
+
+    OpenTelemetry's global providers can be set once per process; tests and applications that
+    keep providers private pass theirs here."""
+    global _tracer_provider, _meter_provider, _tracer
+    _tracer_provider, _meter_provider, _tracer = tracer_provider, meter_provider, None
+    _instruments.clear()
+    _open.clear()
+    _started.clear()
+
+
+def _get_tracer() -> Any:
+    global _tracer
+    if _tracer is None:
+        if _tracer_provider is not None:
+            _tracer = _tracer_provider.get_tracer("effectflow", _VERSION)
+        else:
+            _tracer = _trace.get_tracer("effectflow", _VERSION)
+    return _tracer
+
+
+def _instrument(name: str) -> Any:
+    """The metric instrument ``name`` (created on first use, on the current meter)."""
+    found = _instruments.get(name)
+    if found is None:
+        if _meter_provider is not None:
+            meter = _meter_provider.get_meter("effectflow", _VERSION)
+        else:
+            meter = _metrics.get_meter("effectflow", _VERSION)
+        if name == "effectflow.step.duration":
+            found = meter.create_histogram(name, unit="s", description="Step latency")
+        else:
+            found = meter.create_counter(name, description=_COUNTERS[name])
+        _instruments[name] = found
+    return found
+
+
+_COUNTERS = {
+    "effectflow.attempts": "Calls to a provider, by outcome",
+    "effectflow.lookups": "Lookups, by result",
+    "effectflow.lease.takeovers": "Runs claimed whose lease another worker held before",
+}
+
+
+def _attrs(values: Mapping[str, Any]) -> dict[str, Any]:
+    return {_PREFIX + k: v for k, v in values.items() if v is not None}
+
+
+def _start(key: tuple[str, ...], parent: tuple[str, ...] | None, name: str, **ids: Any) -> None:
+    tracer = _get_tracer()
+    context = None
+    if parent is not None and parent in _open:
+        context = _trace.set_span_in_context(_open[parent])
+    _open[key] = tracer.start_span(name, context=context, attributes=_attrs(ids))
+
+
+def _end(key: tuple[str, ...], **ids: Any) -> None:
+    span = _open.pop(key, None)
+    if span is not None:
+        if ids:
+            span.set_attributes(_attrs(ids))
+        span.end()
+
+
+# -- the hooks the runtime calls -------------------------------------------------------------------
+
+
+def run_started(run_id: str, workflow: str) -> None:
+    """A pass of the executor over a run begins (its span parents the steps it drives)."""
+    if _load():
+        _start((run_id,), None, "effectflow.run", run_id=run_id, workflow=workflow)
+
+
+def run_ended(run: _R) -> _R:
+    """The pass ends with ``run`` (returned as it is): its status as this pass leaves it."""
+    if _trace is not None:
+        _end((run.run_id,), run_status=run.status.value)
+    return run
+
+
+def run_left(run_id: str) -> None:
+    """The pass ends by an exception (a lost lease, a crash injected in a test): its span ends."""
+    if _trace is not None:
+        _end((run_id,), run_status="raised")
+
+
+def step(
+    run_id: str, step_id: str, tool: str, machine: Generator[Any, Any, Any]
+) -> Generator[Any, Any, Any]:
+    """``machine`` (a step's path through the runtime) inside a span of its own, with its latency
+    recorded; ``machine`` itself when OpenTelemetry is missing (nothing added to the hot path)."""
+    if not _load():
+        return machine
+    return _traced_step(run_id, step_id, tool, machine)
+
+
+def _traced_step(
+    run_id: str, step_id: str, tool: str, machine: Generator[Any, Any, Any]
+) -> Generator[Any, Any, Any]:
+    import time
+
+    key = (run_id, step_id)
+    _start(key, (run_id,), "effectflow.step", run_id=run_id, step_id=step_id, tool=tool)
+    began = time.perf_counter()
+    outcome = "error"
+    try:
+        value = yield from machine
+        outcome = "ok"
+        return value
+    finally:
+        _instrument("effectflow.step.duration").record(
+            time.perf_counter() - began, _attrs({"tool": tool, "outcome": outcome})
+        )
+        _end(key, outcome=outcome)
+
+
+def attempt_started(run_id: str, step_id: str, tool: str, number: int) -> None:
+    """A call to the provider is about to be sent."""
+    if _trace is not None:
+        _start(
+            (run_id, step_id, "attempt"),
+            (run_id, step_id),
+            "effectflow.attempt",
+            run_id=run_id,
+            step_id=step_id,
+            tool=tool,
+            attempt=number,
+        )
+
+
+def attempt_ended(run_id: str, step_id: str, tool: str, outcome: str) -> None:
+    """The call's outcome (committed, not_committed, unknown) is known and about to be recorded."""
+    if _trace is not None:
+        _end((run_id, step_id, "attempt"), outcome=outcome)
+        _instrument("effectflow.attempts").add(1, _attrs({"tool": tool, "outcome": outcome}))
+
+
+def lookup_started(run_id: str, step_id: str, tool: str, lookup_tool: str) -> None:
+    """The contract's lookup tool is about to be asked about a step in doubt."""
+    if _trace is not None:
+        _start(
+            (run_id, step_id, "lookup"),
+            (run_id, step_id),
+            "effectflow.lookup",
+            run_id=run_id,
+            step_id=step_id,
+            tool=tool,
+            lookup_tool=lookup_tool,
+        )
+
+
+def lookup_ended(run_id: str, step_id: str, tool: str, result: str) -> None:
+    """The lookup's answer (confirmed, not_committed, unknown, ...) is known."""
+    if _trace is not None:
+        _end((run_id, step_id, "lookup"), result=result)
+        _instrument("effectflow.lookups").add(1, _attrs({"tool": tool, "result": result}))
+
+
+def decided(
+    run_id: str,
+    step_id: str,
+    effect_id: str | None,
+    operation_id: str | None,
+    tool: str,
+    row: str,
+    action: str,
+) -> None:
+    """One decision of the table: an INFO line, and the row on the step's span."""
+    ids = {
+        "run_id": run_id,
+        "step_id": step_id,
+        "effect_id": effect_id,
+        "logical_operation_id": operation_id,
+        "tool": tool,
+        "decision_row": row,
+        "action": action,
+    }
+    if decisions_log.isEnabledFor(logging.INFO):
+        decisions_log.info(
+            "run %s step %s: row %s -> %s",
+            run_id,
+            step_id,
+            row,
+            action,
+            extra={"effectflow": {k: v for k, v in ids.items() if v is not None}},
+        )
+    if _trace is not None:
+        span = _open.get((run_id, step_id))
+        if span is not None:
+            span.set_attributes(_attrs(ids))

@@ -1,0 +1,210 @@
+"""Telemetry through the OpenTelemetry API (docs/telemetry.md): a run whose first call's response
+is lost and is settled by its lookup, captured with the SDK's in-memory exporter and reader.
+
+The mail provider's own file says what happened (one message); the spans, metrics and decision
+log lines must tell the same story, and carry ids only: no argument value or key anywhere.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+import effectflow as ef
+from effectflow import telemetry
+from effectflow.testing import NotifyProvider, ProviderTimeout
+from worlds import Current
+
+FAST = ef.RetryPolicy(max_attempts=3, max_lookups=2, initial_backoff=0.001, max_backoff=0.005)
+
+#: Argument values no attribute or log record may carry.
+SECRET_TO = "#secret-channel"
+SECRET_BODY = "the-private-body-text"
+
+notify = Current[NotifyProvider]()
+
+
+@ef.tool("tel_find_post", effect="read")
+def find_post(*, idempotency_key: str) -> ef.Lookup:
+    found = notify().search(client_tag=idempotency_key)
+    if not found:
+        return ef.Lookup.not_committed()
+    return ef.Lookup.confirmed(external_effect_id=found[0]["notification_id"], result=found[0])
+
+
+# Not idempotent (every post is a new message) but tagged with the key and searchable: an answer
+# lost on the way back is settled by the lookup, never by a second post.
+@ef.tool(
+    "tel_post",
+    version=2,
+    effect="external_write",
+    confirm=find_post,
+    effect_id="notification_id",
+    retry=FAST,
+    settles_within=0,  # the in-process provider commits inside the call or not at all
+)
+def post(channel: str, text: str, *, idempotency_key: str) -> dict[str, Any]:
+    try:
+        return notify().post(channel, text, client_tag=idempotency_key)
+    except ProviderTimeout as exc:
+        raise ef.OutcomeUnknown(str(exc)) from exc
+
+
+@ef.workflow("tel_flow")
+def tel_flow(ctx: ef.Context, channel: str, text: str) -> str:
+    posted = ctx.call("send", post, channel=channel, text=text, operation_id="op_tel_send")
+    return str(posted["notification_id"])
+
+
+class Captured:
+    def __init__(self) -> None:
+        self.spans = InMemorySpanExporter()
+        self.metrics = InMemoryMetricReader()
+        self.tracer_provider = TracerProvider()
+        self.tracer_provider.add_span_processor(SimpleSpanProcessor(self.spans))
+        self.meter_provider = MeterProvider(metric_readers=[self.metrics])
+
+    def finished(self) -> list[ReadableSpan]:
+        return list(self.spans.get_finished_spans())
+
+    def points(self) -> dict[str, list[tuple[dict[str, Any], Any]]]:
+        """Each metric's data points as (attributes, value or histogram count)."""
+        data = self.metrics.get_metrics_data()
+        found: dict[str, list[tuple[dict[str, Any], Any]]] = {}
+        assert data is not None
+        for resource in data.resource_metrics:
+            for scope in resource.scope_metrics:
+                for metric in scope.metrics:
+                    for point in metric.data.data_points:
+                        value = getattr(point, "value", None)
+                        if value is None:
+                            value = point.count  # type: ignore[union-attr]
+                        found.setdefault(metric.name, []).append((dict(point.attributes), value))
+        return found
+
+
+@pytest.fixture
+def provider(tmp_path: Path) -> Iterator[NotifyProvider]:
+    with notify.entered(NotifyProvider(tmp_path / "notify.db")) as found:
+        yield found
+
+
+@pytest.fixture
+def captured() -> Iterator[Captured]:
+    found = Captured()
+    telemetry.use(tracer_provider=found.tracer_provider, meter_provider=found.meter_provider)
+    yield found
+    telemetry.use()
+    found.tracer_provider.shutdown()
+    found.meter_provider.shutdown()
+
+
+def _lost_then_looked_up(tmp_path: Path, provider: NotifyProvider) -> tuple[ef.RunRecord, Any]:
+    provider.inject("post", "lose_response")
+    with ef.Runtime(f"sqlite:///{tmp_path / 'ledger.db'}") as rt:
+        run = rt.start(tel_flow, run_id="tel-1", channel=SECRET_TO, text=SECRET_BODY)
+        [step] = rt.steps("tel-1")
+    return run, step
+
+
+def test_a_lost_response_settled_by_lookup_is_one_span_tree_with_ids_only(
+    tmp_path: Path,
+    provider: NotifyProvider,
+    captured: Captured,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """run -> step -> (attempt, lookup): the attempt is unknown, the lookup confirmed, the step's
+    span names the decision row; attempts and lookups are counted by outcome; no argument value
+    or key appears in any attribute or decision log line."""
+    caplog.set_level(logging.INFO, logger="effectflow.decisions")
+    run, step = _lost_then_looked_up(tmp_path, provider)
+    assert run.status is ef.RunStatus.SUCCEEDED, run.error
+    [message] = provider.notifications()  # the provider's own record: one post, sent once
+    assert message["channel"] == SECRET_TO
+
+    spans = {s.name: s for s in captured.finished()}
+    assert sorted(spans) == [
+        "effectflow.attempt",
+        "effectflow.lookup",
+        "effectflow.run",
+        "effectflow.step",
+    ]
+    run_span, step_span = spans["effectflow.run"], spans["effectflow.step"]
+    attempt, look = spans["effectflow.attempt"], spans["effectflow.lookup"]
+    assert run_span.parent is None
+    assert step_span.parent is not None
+    assert step_span.parent.span_id == run_span.context.span_id
+    for child in (attempt, look):
+        assert child.parent is not None
+        assert child.parent.span_id == step_span.context.span_id
+        assert child.context.trace_id == run_span.context.trace_id
+    assert run_span.attributes is not None
+    assert run_span.attributes["effectflow.run_id"] == "tel-1"
+    assert run_span.attributes["effectflow.run_status"] == "succeeded"
+    assert attempt.attributes is not None
+    assert attempt.attributes["effectflow.tool"] == "tel_post@2"
+    assert attempt.attributes["effectflow.outcome"] == "unknown"
+    assert look.attributes is not None
+    assert look.attributes["effectflow.result"] == "confirmed"
+    assert look.attributes["effectflow.lookup_tool"] == "tel_find_post@1"
+    assert step_span.attributes is not None
+    assert step_span.attributes["effectflow.step_id"] == "send"
+    assert step_span.attributes["effectflow.effect_id"] == step.effect_id
+    assert step_span.attributes["effectflow.logical_operation_id"] == step.logical_operation_id
+    assert step_span.attributes["effectflow.decision_row"] == "confirmed"
+    assert step_span.attributes["effectflow.outcome"] == "ok"
+
+    points = captured.points()
+    assert points["effectflow.attempts"] == [
+        ({"effectflow.tool": "tel_post@2", "effectflow.outcome": "unknown"}, 1)
+    ]
+    assert points["effectflow.lookups"] == [
+        ({"effectflow.tool": "tel_post@2", "effectflow.result": "confirmed"}, 1)
+    ]
+    [(_, latency_count)] = points["effectflow.step.duration"]
+    assert latency_count == 1
+
+    decisions = [r for r in caplog.records if r.name == "effectflow.decisions"]
+    logged = [r.effectflow for r in decisions]  # type: ignore[attr-defined]
+    assert [(d["decision_row"], d["action"]) for d in logged] == [
+        ("in_doubt_lookup", "lookup"),
+        ("confirmed", "use_recorded"),
+    ]
+    assert all(d["effect_id"] == step.effect_id and d["run_id"] == "tel-1" for d in logged)
+    assert all(r.levelno == logging.INFO for r in decisions)
+
+    forbidden = [SECRET_TO, SECRET_BODY, step.idempotency_key]
+    emitted = [str(v) for s in captured.finished() for v in (s.attributes or {}).values()]
+    emitted += [r.getMessage() for r in decisions] + [str(d) for d in logged]
+    assert step.idempotency_key
+    assert not [text for text in emitted for secret in forbidden if secret and secret in text]
+
+
+def test_without_opentelemetry_the_run_is_the_same_and_nothing_is_emitted(
+    tmp_path: Path,
+    provider: NotifyProvider,
+    captured: Captured,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With the API unimportable the hooks are no-ops: the run settles the same way, the
+    provider holds one message, and the providers passed in receive nothing."""
+    monkeypatch.setitem(sys.modules, "opentelemetry", None)
+    monkeypatch.setattr(telemetry, "_loaded", False)
+    monkeypatch.setattr(telemetry, "_trace", None)
+    monkeypatch.setattr(telemetry, "_metrics", None)
+    run, _ = _lost_then_looked_up(tmp_path, provider)
+    assert run.status is ef.RunStatus.SUCCEEDED, run.error
+    assert len(provider.notifications()) == 1
+    assert captured.finished() == []
+    data = captured.metrics.get_metrics_data()
+    assert data is None or all(not r.scope_metrics for r in data.resource_metrics)
