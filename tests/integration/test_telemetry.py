@@ -8,6 +8,9 @@ log lines must tell the same story, and carry ids only: no argument value or key
 from __future__ import annotations
 
 import logging
+import os
+import shutil
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,9 +25,11 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 import effectflow as ef
 from effectflow import telemetry
+from effectflow.cli.worker import load_app
 from effectflow.testing import NotifyProvider, ProviderTimeout
 from worlds import Current
 
+EFFECTFLOW = shutil.which("effectflow", path=str(Path(sys.executable).parent)) or "effectflow"
 FAST = ef.RetryPolicy(max_attempts=3, max_lookups=2, initial_backoff=0.001, max_backoff=0.005)
 
 #: Argument values no attribute or log record may carry.
@@ -208,3 +213,48 @@ def test_without_opentelemetry_the_run_is_the_same_and_nothing_is_emitted(
     assert captured.finished() == []
     data = captured.metrics.get_metrics_data()
     assert data is None or all(not r.scope_metrics for r in data.resource_metrics)
+
+
+WORKER_APP = """
+import os
+import effectflow as ef
+
+@ef.tool("tel_w_note", effect="read")
+def note(text: str) -> str:
+    with open(os.environ["TEL_NOTES"], "a") as notes:
+        notes.write(text + "\\n")
+    return text
+
+@ef.workflow("tel_w_flow")
+def flow(ctx: ef.Context, text: str) -> str:
+    return ctx.call("note", note, text=text)
+"""
+
+
+def test_worker_verbose_logs_one_line_per_run(tmp_path: Path) -> None:
+    """``effectflow worker -v`` logs one INFO line per run it executes, naming the run, its
+    workflow and the status it left it in; the tool's own file shows each run really ran."""
+    app_file = tmp_path / "tel_worker_app.py"
+    app_file.write_text(WORKER_APP)
+    loaded = load_app(str(app_file))
+    db = f"sqlite:///{tmp_path / 'w.db'}"
+    with ef.Runtime(db) as rt:
+        for n in (1, 2):
+            rt.submit(loaded.flow, run_id=f"w-{n}", text=f"note {n}")
+    env = {**os.environ, "TEL_NOTES": str(tmp_path / "notes.txt")}
+    done = subprocess.run(
+        [EFFECTFLOW, "worker", "--app", str(app_file), "--db", db, "--until-idle", "-v"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert sorted((tmp_path / "notes.txt").read_text().splitlines()) == ["note 1", "note 2"]
+    lines = [line for line in done.stderr.splitlines() if "effectflow.runtime.worker" in line]
+    assert sorted(line.split(": ", 1)[1] for line in lines) == [
+        "run w-1 (tel_w_flow): succeeded",
+        "run w-2 (tel_w_flow): succeeded",
+    ]

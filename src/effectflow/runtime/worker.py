@@ -160,6 +160,7 @@ class Worker:
             return
         try:
             ended = rt.drive_claimed(run, workflow)
+            log.info("run %s (%s): %s", run.run_id, run.workflow, ended.status.value)
         except errors.LeaseLost as exc:
             log.warning("run %s: %s", run.run_id, exc)
             self._count("lost")
