@@ -46,38 +46,9 @@ CONVERSATION = "ticket-1"
 PROMPT = "append a line"
 
 
-class World:
-    """This process's outside world (``main`` points it at DIR)."""
-
-    file = Path(crash.WORLD_FILE)
-
-
-def _lines() -> list[dict[str, Any]]:
-    if not World.file.exists():
-        return []
-    return [json.loads(line) for line in World.file.read_text(encoding="utf-8").splitlines()]
-
-
-def _append(text: str, key: str) -> dict[str, Any]:
-    record = {"key": key, "text": text}
-    with World.file.open("a", encoding="utf-8") as fh:
-        fh.write(json.dumps(record) + "\n")
-    return record
-
-
-@ef.tool("pai_child_find_line", effect="read")
-def find_line(*, idempotency_key: str) -> ef.Lookup:
-    """The lookup: the file is the provider's own record, searched by the call's key."""
-    for record in _lines():
-        if record["key"] == idempotency_key:
-            return ef.Lookup.confirmed(external_effect_id=idempotency_key, result=record)
-    return ef.Lookup.not_committed()
-
-
-@ef.tool(TOOL, effect="external_write", confirm=find_line, effect_id="key", settles_within=0)
-def append_line(text: str, *, idempotency_key: str) -> dict[str, Any]:
-    """Append one line to the file."""
-    return _append(text, idempotency_key)
+WORLD = crash.FileWorld(TOOL, "pai_child_find_line")
+append_line = WORLD.append_line
+_lines, _append = WORLD.lines, WORLD.append
 
 
 def plain_append_line(ctx: RunContext[None], text: str) -> dict[str, Any]:
@@ -103,7 +74,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("directory", type=Path)
     parser.add_argument("--bare", action="store_true")
     args = parser.parse_args(argv)
-    World.file = args.directory / crash.WORLD_FILE
+    WORLD.file = args.directory / crash.WORLD_FILE
     saved = args.directory / "conversation.json"
     faults = crash.faults_from_env() if args.mode == "start" and not args.bare else None
     with ef.Runtime(f"sqlite:///{args.directory / 'ledger.db'}", faults=faults) as rt:

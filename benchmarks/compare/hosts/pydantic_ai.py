@@ -78,38 +78,9 @@ TOOL = "harness_pai_append_line"
 UNCHECKED = "harness_pai_append_unchecked"
 
 
-class World:
-    """The outside world of this process (``main`` points it at DIR)."""
-
-    file = Path(crash.WORLD_FILE)
-
-
-def _lines() -> list[dict[str, Any]]:
-    if not World.file.exists():
-        return []
-    return [json.loads(line) for line in World.file.read_text(encoding="utf-8").splitlines()]
-
-
-def _append(text: str, key: str) -> dict[str, Any]:
-    record = {"key": key, "text": text}
-    with World.file.open("a", encoding="utf-8") as fh:
-        fh.write(json.dumps(record) + "\n")
-    return record
-
-
-@ef.tool("harness_pai_find_line", effect="read")
-def find_line(*, idempotency_key: str) -> ef.Lookup:
-    """The lookup: the file is the provider's own record, searched for the call's key."""
-    for record in _lines():
-        if record["key"] == idempotency_key:
-            return ef.Lookup.confirmed(external_effect_id=idempotency_key, result=record)
-    return ef.Lookup.not_committed()
-
-
-@ef.tool(TOOL, effect="external_write", confirm=find_line, effect_id="key", settles_within=0)
-def append_line(text: str, *, idempotency_key: str) -> dict[str, Any]:
-    """Append one line to the file."""
-    return _append(text, idempotency_key)
+WORLD = crash.FileWorld(TOOL, "harness_pai_find_line")
+append_line = WORLD.append_line
+_lines, _append = WORLD.lines, WORLD.append
 
 
 @ef.tool(UNCHECKED, effect="external_write", effect_id="key")
@@ -169,7 +140,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--bare", action="store_true")
     parser.add_argument("--no-lookup", action="store_true")
     args = parser.parse_args(argv)
-    World.file = args.directory / crash.WORLD_FILE
+    WORLD.file = args.directory / crash.WORLD_FILE
     faults = crash.faults_from_env() if args.mode == "start" and not args.bare else None
     url = f"sqlite:///{args.directory / 'ledger.db'}"
     with ef.Runtime(url, faults=faults) as rt:

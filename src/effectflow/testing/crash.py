@@ -42,7 +42,10 @@ import subprocess
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
+from effectflow.contracts.lookup import Lookup
+from effectflow.contracts.tool import Tool, tool
 from effectflow.runtime.faults import FaultPlan, FaultPoint
 from effectflow.runtime.runtime import Runtime
 
@@ -363,6 +366,49 @@ def count_lines(path: Path) -> int:
     if not path.exists():
         return 0
     return sum(1 for line in path.read_text(encoding="utf-8").splitlines() if line.strip())
+
+
+class FileWorld:
+    """The outside world of a host script: a file (``DIR/world.jsonl``), one JSON line
+    ``{"key": ..., "text": ...}`` per effect, and the guarded tool that appends to it with its
+    lookup (the file searched for the call's key). Declared at import under names of the script's
+    own, since tools live in one registry by name; ``main`` points ``file`` at its directory. The
+    host alone (the control) appends with ``append`` and a key of its own."""
+
+    def __init__(self, tool_name: str, lookup_name: str) -> None:
+        self.file = Path(WORLD_FILE)
+        self.find_line: Tool[..., Lookup] = tool(lookup_name, effect="read")(self._find)
+        self.append_line: Tool[..., dict[str, Any]] = tool(
+            tool_name,
+            effect="external_write",
+            confirm=self.find_line,
+            effect_id="key",
+            settles_within=0,
+        )(self._append_line)
+
+    def lines(self) -> list[dict[str, Any]]:
+        """What the world holds, in order."""
+        if not self.file.exists():
+            return []
+        return [json.loads(line) for line in self.file.read_text(encoding="utf-8").splitlines()]
+
+    def append(self, text: str, key: str) -> dict[str, Any]:
+        """Make the effect: one line under ``key``."""
+        record = {"key": key, "text": text}
+        with self.file.open("a", encoding="utf-8") as fh:
+            fh.write(json.dumps(record) + "\n")
+        return record
+
+    def _find(self, *, idempotency_key: str) -> Lookup:
+        """The lookup: the file is the provider's own record, searched for the call's key."""
+        for record in self.lines():
+            if record["key"] == idempotency_key:
+                return Lookup.confirmed(external_effect_id=idempotency_key, result=record)
+        return Lookup.not_committed()
+
+    def _append_line(self, text: str, *, idempotency_key: str) -> dict[str, Any]:
+        """Append one line to the file."""
+        return self.append(text, idempotency_key)
 
 
 @dataclasses.dataclass(frozen=True)
