@@ -1,6 +1,8 @@
 """Retention from the command line, on both backends with the operator's key: `effectflow
-purge-keys` drops the key bindings past their retention (checked in the ledger's own tables, read
-around the store), keeps a binding whose outcome is in doubt, and the ledger still verifies."""
+purge-keys` drops the key bindings past their retention, keeping a binding whose outcome is in
+doubt; `effectflow archive` moves finished runs to a file that verifies on its own and leaves the
+runs in doubt or waiting untouched; the ledger still verifies, and a run deleted by hand or an
+edited archive is still reported. The ledger's tables are read around the store."""
 
 from __future__ import annotations
 
@@ -108,3 +110,153 @@ def test_purge_keys_refuses_a_ledger_that_is_not_there(tmp_path: Path) -> None:
     done = _cli(f"sqlite:///{missing}", "purge-keys")
     assert done.returncode == 2, done.stdout + done.stderr
     assert not missing.exists()
+
+
+# -- archive ----------------------------------------------------------------------------------
+
+
+@ef.workflow("rt_two")
+def two(ctx: ef.Context, to: str) -> Any:
+    return [ctx.call("one", send, to=to), ctx.call("two", send, to=to + "-2")]
+
+
+@ef.tool("rt_refund", effect="external_write", effect_id="id",
+         idempotency=ef.Idempotency(supported=True), approval="always")  # fmt: skip
+def refund(amount: int, *, idempotency_key: str) -> dict[str, str]:
+    SENT.append(f"refund-{amount}")
+    return {"id": f"r-{amount}"}
+
+
+@ef.workflow("rt_paused")
+def paused(ctx: ef.Context) -> Any:
+    return ctx.call("refund", refund, amount=5)
+
+
+FUTURE = "2999-01-01"
+
+
+def _ledger_rows(db: ledgers.Raw, run_id: str) -> dict[str, list[tuple[Any, ...]]]:
+    """Every row a run has in the ledger, table by table, read around the store."""
+    tables = ("runs", "steps", "effects", "attempts", "audit", "seals", "approvals")
+    return {t: sorted(map(tuple, db.sql(f"SELECT * FROM {t} WHERE run_id = ?", (run_id,))),
+                      key=repr) for t in tables}  # fmt: skip
+
+
+@pytest.fixture
+def archived(url: str, tmp_path: Path) -> tuple[str, Path, dict[str, Any]]:
+    """A ledger with three finished runs, one in doubt and one waiting for approval, archived."""
+    SENT.clear()
+    with ef.Runtime(url) as rt:
+        for i in range(3):
+            rt.start(two, run_id=f"fin-{i}", to=f"f{i}")
+        assert rt.start(doubt, run_id="doubt").status is ef.RunStatus.PAUSED
+        assert rt.start(paused, run_id="waits").status is ef.RunStatus.PAUSED
+    db = ledgers.Raw(url)
+    before = {rid: _ledger_rows(db, rid) for rid in ("doubt", "waits")}
+    out = tmp_path / "archive.jsonl"
+    done = _cli(url, "archive", "--before", FUTURE, "--to", str(out), "--json")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert sorted(json.loads(done.stdout)["archived"]) == ["fin-0", "fin-1", "fin-2"]
+    return url, out, before
+
+
+def test_archive_round_trip(archived: tuple[str, Path, dict[str, Any]]) -> None:
+    """Finished runs are in the file and gone from every table, the runs in doubt or waiting are
+    untouched row for row, the file verifies on its own and the ledger still verifies."""
+    url, out, before = archived
+    db = ledgers.Raw(url)
+    for rid in ("fin-0", "fin-1", "fin-2"):
+        assert all(rows == [] for rows in _ledger_rows(db, rid).values()), rid
+    assert {rid: _ledger_rows(db, rid) for rid in before} == before
+    lines = [json.loads(x) for x in out.read_text(encoding="utf-8").splitlines()]
+    runs = {e["record"]["run_id"]: e for e in lines if e["kind"] == "run"}
+    assert sorted(runs) == ["fin-0", "fin-1", "fin-2"]
+    assert all(len(e["events"]) == e["record"]["audit_count"] > 0 for e in runs.values())
+    assert db.sql("SELECT count(*) FROM archived_runs") == [(3,)]
+
+    alone = _cli(url, "audit", "verify", "--archive", str(out))
+    assert alone.returncode == 0, alone.stdout + alone.stderr
+    ledger = _cli(url, "audit", "verify")
+    assert ledger.returncode == 0, ledger.stdout + ledger.stderr
+
+    # The ledger goes on: a new run's seals chain after the archived links, and it verifies.
+    with ef.Runtime(url) as rt:
+        rt.start(two, run_id="later", to="z")
+    assert _cli(url, "audit", "verify").returncode == 0
+
+
+def test_an_archive_edited_by_hand_fails_its_verify(
+    archived: tuple[str, Path, dict[str, Any]],
+) -> None:
+    """A step's output changed in the archive file is reported (exit 4)."""
+    url, out, _ = archived
+    text = out.read_text(encoding="utf-8")
+    assert '"id\\":\\"msg-f1\\"' in text
+    out.write_text(text.replace('"id\\":\\"msg-f1\\"', '"id\\":\\"msg-XX\\"'), encoding="utf-8")
+    done = _cli(url, "audit", "verify", "--archive", str(out))
+    assert done.returncode == 4, done.stdout + done.stderr
+    assert "fin-1" in done.stderr
+
+
+def test_a_run_deleted_by_hand_without_a_record_is_still_reported(
+    archived: tuple[str, Path, dict[str, Any]],
+) -> None:
+    """Deleting an unarchived run (triggers dropped, no archive record) breaks its shard's chain."""
+    url, _, _ = archived
+    db = ledgers.Raw(url)
+    db.unprotect()
+    for table in ("attempts", "approvals", "operations", "effects", "steps", "runs", "audit",
+                  "seals"):  # fmt: skip
+        db.sql(f"DELETE FROM {table} WHERE run_id = ?", ("doubt",))
+    done = _cli(url, "audit", "verify")
+    assert done.returncode == 4, done.stdout + done.stderr
+    assert "shard" in done.stderr
+
+
+def test_a_forged_archive_record_excuses_nothing(
+    archived: tuple[str, Path, dict[str, Any]],
+) -> None:
+    """A record written without the key for a run deleted by hand, its seal links copied, is
+    reported: only the key makes an archive record."""
+    url, _, _ = archived
+    db = ledgers.Raw(url)
+    [(tenant, audit_count, audit_head, seal_count, seal_head)] = db.sql(
+        "SELECT tenant, audit_count, audit_head, seal_count, seal_head FROM runs WHERE run_id = ?",
+        ("doubt",),
+    )
+    db.sql("INSERT INTO archived_runs VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+           ("doubt", tenant, 1.0, audit_count, audit_head, seal_count, seal_head, "sha256:00"))  # fmt: skip
+    db.sql("INSERT INTO archived_seals SELECT run_id, n, shard, shard_seq, hash FROM seals "
+           "WHERE run_id = ?", ("doubt",))  # fmt: skip
+    for table in ("attempts", "approvals", "operations", "effects", "steps", "runs", "audit",
+                  "seals"):  # fmt: skip
+        db.sql(f"DELETE FROM {table} WHERE run_id = ?", ("doubt",))
+    done = _cli(url, "audit", "verify")
+    assert done.returncode == 4, done.stdout + done.stderr
+    assert "archive record" in done.stderr
+
+
+def test_append_only_holds_for_runs_that_are_not_archived(url: str) -> None:
+    """The triggers still refuse to delete a live run's audit events and seals."""
+    with ef.Runtime(url) as rt:
+        rt.start(mail, run_id="live", to="x")
+    db = ledgers.Raw(url)
+    for table in ("audit", "seals"):
+        with pytest.raises(Exception, match="append-only"):
+            db.sql(f"DELETE FROM {table} WHERE run_id = ?", ("live",))
+
+
+def test_a_keyed_ledger_is_not_archived_without_its_key(url: str, tmp_path: Path) -> None:
+    """Without the audit key nothing is archived (exit 1): its records would not verify."""
+    with ef.Runtime(url) as rt:
+        rt.start(mail, run_id="kept", to="k")
+    out = tmp_path / "none.jsonl"
+    env = {k: v for k, v in os.environ.items() if k != audit.KEY_ENV}
+    done = subprocess.run(
+        [EFFECTFLOW, "archive", "--before", FUTURE, "--to", str(out), "--db", url],
+        capture_output=True, text=True, env=env, timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "audit key" in done.stderr
+    assert ledgers.Raw(url).sql("SELECT count(*) FROM runs WHERE run_id = ?", ("kept",)) == [(1,)]
+    assert not out.exists()

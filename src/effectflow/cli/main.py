@@ -57,6 +57,7 @@ app.command("resume")(ops_cli.resume)
 app.command("compensate")(ops_cli.compensate)
 app.command("bench")(ops_cli.bench)
 app.command("purge-keys")(retention_cli.purge_keys)
+app.command("archive")(retention_cli.archive)
 
 DbOption = Annotated[
     str,
@@ -166,14 +167,25 @@ def audit_verify(
             dir_okay=False,
         ),
     ] = None,
+    archive_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--archive",
+            help="Verify this archive file (effectflow archive) on its own instead of a ledger.",
+            exists=True,
+            dir_okay=False,
+        ),
+    ] = None,
     as_json: JsonOption = False,
 ) -> None:
     """Verify the ledger, read-only: every run's audit events and seals (HMAC-chained with the
     key in EFFECTFLOW_AUDIT_KEY, when the ledger is keyed), its state rows against what was
-    written, and with --against a head exported earlier. Exit 0 intact, 4 tampered or damaged,
-    2 the ledger (or head file) could not be read."""
+    written, and with --against a head exported earlier; with --archive, an archive file on its
+    own. Exit 0 intact, 4 tampered or damaged, 2 the ledger (or file) could not be read."""
     from effectflow.ledger import audit, audit_read
 
+    if archive_file is not None:
+        _verify_archive(archive_file, as_json)
     store = _open_for_audit("verify", db, as_json)
     try:
         key = store.audit_key
@@ -220,6 +232,33 @@ def audit_verify(
             typer.echo("audit log intact" + ("" if against is None else f", and reaches {against}"))
         if note:
             typer.echo(note, err=True)
+    raise typer.Exit(EXIT_TAMPERED if problems else EXIT_OK)
+
+
+def _verify_archive(path: Path, as_json: bool) -> None:
+    """``audit verify --archive``: the file's runs recomputed from its own rows, with the key."""
+    from effectflow.ledger import archive, audit
+
+    key = audit.key_from_env()
+    try:
+        problems = archive.verify_file(path, key)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        typer.echo(f"effectflow audit verify: --archive {path}: {exc}", err=True)
+        raise typer.Exit(EXIT_USAGE) from None
+    if as_json:
+        body = {
+            "ok": not problems,
+            "keyed": key is not None,
+            "problems": [{"run_id": p.run_id, "message": p.message} for p in problems],
+        }
+        typer.echo(json.dumps(body))
+    else:
+        for p in problems:
+            typer.echo(f"run {p.run_id}: {p.message}", err=True)
+        if not problems:
+            typer.echo(f"archive {path} intact")
+        if key is None:
+            typer.echo(_UNKEYED.format(env=audit.KEY_ENV), err=True)
     raise typer.Exit(EXIT_TAMPERED if problems else EXIT_OK)
 
 

@@ -9,11 +9,15 @@ either.
 from __future__ import annotations
 
 import dataclasses
+import heapq
 import itertools
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 from effectflow.ledger.audit import hashes, material, shards
+
+#: The ledger version from which runs may be archived (migration 10: ``archived_runs``).
+ARCHIVES_SINCE = 10
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,6 +34,10 @@ class ShardChain:
 
 def _shard_key(row: Mapping[str, Any]) -> int:
     return int(row["shard"])
+
+
+def _chain_order(row: Mapping[str, Any]) -> tuple[int, int]:
+    return int(row["shard"]), int(row["shard_seq"])
 
 
 def _replay_shard(
@@ -103,6 +111,16 @@ def replay_shards(
         if only is None
         else store.audit_stream(store.SQL["chained_seals_of_shard"], (only,))
     )
+    if store.audit_rows(store.SQL["migration_applied_at"], (ARCHIVES_SINCE,)):
+        # An archived run's seals are gone; the links they were in their shards' chains are kept
+        # (``archived_seals``), so the chains are replayed across the gap. Read whole (one
+        # server-side cursor at a time: the seals' stream holds it).
+        kept = (
+            store.audit_rows(store.SQL["archived_chained_seals"], ())
+            if only is None
+            else store.audit_rows(store.SQL["archived_chained_seals_of_shard"], (only,))
+        )
+        stream = heapq.merge(stream, kept, key=_chain_order)
     groups = itertools.groupby(stream, _shard_key)
     pending = next(groups, None)
     for shard in range(shards.SHARDS) if only is None else [only]:

@@ -218,6 +218,16 @@ def _verify(store: Any, run_id: str | None, key: bytes | None) -> list[material.
         purge.purged_operations(store, key) if shards_since is not None else (None, [])
     )
     problems.extend(unverified)
+    archived: set[str] = set()
+    if _applied_at(store, replay.ARCHIVES_SINCE) is not None:
+        from effectflow.ledger import archive  # it reads Materials: imports this package
+
+        # A run that is gone is excused only by an archive record that verifies; its seals'
+        # links stay in their shards' chains (replayed below).
+        archived, unexcused = archive.check_records(store, key)
+        problems.extend(
+            unexcused if run_id is None else [p for p in unexcused if p.run_id == run_id]
+        )
     found = 0
     for _, found_material in audit_read.materials_batched(store, run_id):
         found += 1
@@ -227,7 +237,7 @@ def _verify(store: Any, run_id: str | None, key: bytes | None) -> list[material.
             m = dataclasses.replace(m, purgeable={n for n in m.purgeable if (rid, n) in purged})
         problems.extend(verify_run(m, key, sealed_since=sealed_since, shards_since=shards_since))
     if run_id is not None:
-        if not found:
+        if not found and run_id not in archived:
             problems.append(
                 material.Problem(
                     run_id,

@@ -440,3 +440,65 @@ PRAGMA table_info({table});
 -- Indexes and triggers with their statements (an automatic index has none: left out).
 SELECT type, name, tbl_name, sql FROM sqlite_master
 WHERE type IN ('index', 'trigger') AND sql IS NOT NULL ORDER BY type, name;
+
+-- name: archivable_runs
+-- Finished runs last written before the cut-off (`effectflow archive --before`): a terminal
+-- status, no effect in doubt and no step waiting for a person, for a completion or for its
+-- outcome (such a run is settled by someone later, so its rows must stay).
+SELECT run_id, tenant, audit_head, audit_count, seal_head, seal_count FROM runs r
+WHERE r.status IN ('succeeded', 'failed', 'cancelled', 'cancelled_with_effects', 'compensated')
+  AND r.updated_at < ?
+  AND NOT EXISTS (
+      SELECT 1 FROM effects e
+      WHERE e.run_id = r.run_id
+        AND e.status IN ('intent_recorded', 'unknown', 'needs_attention', 'awaiting_completion'))
+  AND NOT EXISTS (
+      SELECT 1 FROM steps s
+      WHERE s.run_id = r.run_id
+        AND s.status IN ('intent_recorded', 'unknown', 'needs_attention', 'awaiting_approval',
+                         'awaiting_completion'))
+ORDER BY r.run_id;
+
+-- name: purge_records_of_run
+-- An archived run's purge records travel with it into the archive file.
+SELECT * FROM purged_keys WHERE run_id = ?;
+
+-- name: insert_archived_run
+-- The hashed (keyed) record that says why a run and its seals are gone (`effectflow archive`).
+INSERT INTO archived_runs (run_id, tenant, archived_at, audit_count, audit_head, seal_count,
+                           seal_head, hash)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?);
+
+-- name: keep_archived_seal_links
+-- Each archived seal's link in its shard's chain, so verify replays the chain across the gap.
+INSERT INTO archived_seals (run_id, n, shard, shard_seq, hash)
+SELECT run_id, n, shard, shard_seq, hash FROM seals WHERE run_id = ?;
+
+-- name: delete_archived_decisions
+-- A person's decisions about an archived run's effects go with the run.
+DELETE FROM decisions WHERE effect_id IN (SELECT effect_id FROM effects WHERE run_id = ?);
+
+-- name: delete_archived_rows
+-- One table's rows of an archived run ({table}: one of the run's tables, in an order the foreign
+-- keys allow; audit and seals last, which their triggers allow only once the run row is gone).
+DELETE FROM {table} WHERE run_id = ?;
+
+-- name: archived_run_records
+-- Every archive record: what excuses a run, and its seals, that are gone.
+SELECT run_id, tenant, archived_at, audit_count, audit_head, seal_count, seal_head, hash
+FROM archived_runs ORDER BY run_id;
+
+-- name: archived_seal_links
+-- Every archived seal, by run in chain order: checked against its run's archive record.
+SELECT run_id, n, shard, shard_seq, hash FROM archived_seals ORDER BY run_id, n;
+
+-- name: archived_chained_seals
+-- The links archived seals kept in their shards' chains, in chain order (merged with the seals'
+-- own stream when verify replays the shards).
+SELECT shard, shard_seq, run_id, n, hash FROM archived_seals WHERE shard IS NOT NULL
+ORDER BY shard, shard_seq;
+
+-- name: archived_chained_seals_of_shard
+-- One shard's archived links in order (verify --run replays the run's own shard).
+SELECT shard, shard_seq, run_id, n, hash FROM archived_seals WHERE shard IS NOT NULL AND shard = ?
+ORDER BY shard, shard_seq;
