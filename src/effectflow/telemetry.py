@@ -23,6 +23,7 @@ __all__ = [
     "attempt_started",
     "decided",
     "enabled",
+    "inject",
     "lookup_ended",
     "lookup_started",
     "run_ended",
@@ -55,27 +56,29 @@ _PREFIX = "effectflow."
 
 _trace: Any = None
 _metrics: Any = None
+_context: Any = None
 _tracer_provider: Any = None
 _meter_provider: Any = None
 _tracer: Any = None
 _instruments: dict[str, Any] = {}
 #: Open spans by their ids: (run_id,), (run_id, step_id), (run_id, step_id, kind).
 _open: dict[tuple[str, ...], Any] = {}
-_started: dict[tuple[str, ...], float] = {}
+#: Context tokens of the attempt spans made current, to detach when their outcome is known.
+_attached: dict[tuple[str, ...], Any] = {}
 _loaded = False
 
 
 def _load() -> bool:
     """Import the OpenTelemetry API once; False (and every hook a no-op) when it is missing."""
-    global _loaded, _trace, _metrics
+    global _loaded, _trace, _metrics, _context
     if not _loaded:
         _loaded = True
         try:
-            from opentelemetry import metrics, trace
+            from opentelemetry import context, metrics, trace
         except ImportError:
-            _trace = _metrics = None
+            _trace = _metrics = _context = None
         else:
-            _trace, _metrics = trace, metrics
+            _trace, _metrics, _context = trace, metrics, context
     return _trace is not None
 
 
@@ -93,7 +96,7 @@ def use(tracer_provider: Any = None, meter_provider: Any = None) -> None:
     _tracer_provider, _meter_provider, _tracer = tracer_provider, meter_provider, None
     _instruments.clear()
     _open.clear()
-    _started.clear()
+    _attached.clear()
 
 
 def _get_tracer() -> Any:
@@ -149,6 +152,24 @@ def _end(key: tuple[str, ...], **ids: Any) -> None:
         span.end()
 
 
+def _detach(key: tuple[str, ...]) -> None:
+    token = _attached.pop(key, None)
+    if token is not None:
+        _context.detach(token)
+
+
+def inject(headers: dict[str, str]) -> None:
+    """Add the current trace context (``traceparent``, ``tracestate``: the propagators the
+    application configured) to an outgoing request's ``headers``; a header already set is kept."""
+    if _load():
+        from opentelemetry import propagate
+
+        carrier: dict[str, str] = {}
+        propagate.inject(carrier)
+        for name, value in carrier.items():
+            headers.setdefault(name, value)
+
+
 # -- the hooks the runtime calls -------------------------------------------------------------------
 
 
@@ -198,12 +219,15 @@ def _traced_step(
         _instrument("effectflow.step.duration").record(
             time.perf_counter() - began, _attrs({"tool": tool, "outcome": outcome})
         )
+        _detach((run_id, step_id, "attempt"))
         _end(key, outcome=outcome)
 
 
 def attempt_started(run_id: str, step_id: str, tool: str, number: int) -> None:
-    """A call to the provider is about to be sent."""
+    """A call to the provider is about to be sent: its span is made current until its outcome,
+    so the tool's own instrumentation, and ``inject`` (an HTTP tool's ``traceparent``), see it."""
     if _trace is not None:
+        key = (run_id, step_id, "attempt")
         _start(
             (run_id, step_id, "attempt"),
             (run_id, step_id),
@@ -213,11 +237,13 @@ def attempt_started(run_id: str, step_id: str, tool: str, number: int) -> None:
             tool=tool,
             attempt=number,
         )
+        _attached[key] = _context.attach(_trace.set_span_in_context(_open[key]))
 
 
 def attempt_ended(run_id: str, step_id: str, tool: str, outcome: str) -> None:
     """The call's outcome (committed, not_committed, unknown) is known and about to be recorded."""
     if _trace is not None:
+        _detach((run_id, step_id, "attempt"))
         _end((run_id, step_id, "attempt"), outcome=outcome)
         _instrument("effectflow.attempts").add(1, _attrs({"tool": tool, "outcome": outcome}))
 

@@ -7,14 +7,17 @@ log lines must tell the same story, and carry ids only: no argument value or key
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 from opentelemetry.sdk.metrics import MeterProvider
@@ -26,6 +29,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 import effectflow as ef
 from effectflow import telemetry
 from effectflow.cli.worker import load_app
+from effectflow.contracts.registry import Registry
+from effectflow.contrib.http import http_tool
 from effectflow.testing import NotifyProvider, ProviderTimeout
 from worlds import Current
 
@@ -207,6 +212,7 @@ def test_without_opentelemetry_the_run_is_the_same_and_nothing_is_emitted(
     monkeypatch.setattr(telemetry, "_loaded", False)
     monkeypatch.setattr(telemetry, "_trace", None)
     monkeypatch.setattr(telemetry, "_metrics", None)
+    monkeypatch.setattr(telemetry, "_context", None)
     run, _ = _lost_then_looked_up(tmp_path, provider)
     assert run.status is ef.RunStatus.SUCCEEDED, run.error
     assert len(provider.notifications()) == 1
@@ -258,3 +264,87 @@ def test_worker_verbose_logs_one_line_per_run(tmp_path: Path) -> None:
         "run w-1 (tel_w_flow): succeeded",
         "run w-2 (tel_w_flow): succeeded",
     ]
+
+
+class _Headers(BaseHTTPRequestHandler):
+    """A local provider that accepts every POST and keeps the headers it was sent."""
+
+    seen: ClassVar[list[dict[str, str]]] = []
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        _Headers.seen.append({k.lower(): v for k, v in self.headers.items()})
+        body = json.dumps({"id": f"h{len(_Headers.seen)}"}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        """Quiet: the test reads what the server kept, not its log."""
+
+
+@pytest.fixture
+def local_server() -> Iterator[str]:
+    _Headers.seen = []
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Headers)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+def _http_run(tmp_path: Path, base_url: str) -> ef.RunRecord:
+    registry = Registry()
+    send = http_tool(
+        "tel_http_send",
+        "POST",
+        "/send",
+        effect="external_write",
+        body=("text",),
+        idempotency=ef.Idempotency(supported=True),
+        effect_id="id",
+        base_url=base_url,
+        timeout=5.0,  # the call runs in the driver's thread pool: the context must follow it
+        register=False,
+    )
+    registry.add_tool(send)
+
+    @ef.workflow("tel_http_flow", register=False)
+    def flow(ctx: ef.Context) -> Any:
+        return ctx.call("send", send, text=SECRET_BODY)
+
+    with ef.Runtime(f"sqlite:///{tmp_path / 'h.db'}", registry=registry) as rt:
+        return rt.start(flow, run_id="tel-http")
+
+
+def test_an_http_tool_sends_the_attempt_s_traceparent(
+    tmp_path: Path, local_server: str, captured: Captured
+) -> None:
+    """The request the local server received carries a W3C ``traceparent`` naming the run's
+    trace and the attempt's span as its parent."""
+    run = _http_run(tmp_path, local_server)
+    assert run.status is ef.RunStatus.SUCCEEDED, run.error
+    [headers] = _Headers.seen
+    version, trace_id, parent_id, _flags = headers["traceparent"].split("-")
+    [attempt] = [s for s in captured.finished() if s.name == "effectflow.attempt"]
+    assert version == "00"
+    assert int(trace_id, 16) == attempt.context.trace_id
+    assert int(parent_id, 16) == attempt.context.span_id
+
+
+def test_without_opentelemetry_an_http_tool_sends_no_traceparent(
+    tmp_path: Path, local_server: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With the API unimportable, the request goes out as before: no trace header added."""
+    monkeypatch.setitem(sys.modules, "opentelemetry", None)
+    monkeypatch.setattr(telemetry, "_loaded", False)
+    monkeypatch.setattr(telemetry, "_trace", None)
+    monkeypatch.setattr(telemetry, "_metrics", None)
+    monkeypatch.setattr(telemetry, "_context", None)
+    run = _http_run(tmp_path, local_server)
+    assert run.status is ef.RunStatus.SUCCEEDED, run.error
+    [headers] = _Headers.seen
+    assert "traceparent" not in headers

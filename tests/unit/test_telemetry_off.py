@@ -20,6 +20,7 @@ def without_opentelemetry(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(telemetry, "_loaded", False)
     monkeypatch.setattr(telemetry, "_trace", None)
     monkeypatch.setattr(telemetry, "_metrics", None)
+    monkeypatch.setattr(telemetry, "_context", None)
 
 
 def _machine() -> Generator[int, Any, str]:
@@ -40,7 +41,11 @@ def test_without_the_api_telemetry_is_disabled_and_every_hook_is_a_no_op(
     telemetry.lookup_ended("r", "s", "t@1", "confirmed")
     telemetry.decided("r", "s", "e", "op", "t@1", "row", "lookup")
     telemetry.run_left("r")
+    headers: dict[str, str] = {}
+    telemetry.inject(headers)
+    assert headers == {}
     assert telemetry._open == {}
+    assert telemetry._attached == {}
     machine = _machine()
     assert telemetry.step("r", "s", "t@1", machine) is machine
 

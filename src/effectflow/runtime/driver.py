@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextvars
 import time
 from typing import Any
 
@@ -85,10 +86,12 @@ def call_sync(request: machine_io.Invoke) -> machine_io.Result:
     # timeout would not unsend a request already on the wire, only lose its answer.
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix=tool.name)
     try:
+        # The call sees the caller's context variables (its trace context), as asyncio.to_thread.
+        run_here = contextvars.copy_context().run
         if tool.is_async:
-            future = pool.submit(asyncio.run, tool.fn(*args, **kwargs))
+            future = pool.submit(run_here, asyncio.run, tool.fn(*args, **kwargs))
         else:
-            future = pool.submit(tool.fn, *args, **kwargs)
+            future = pool.submit(run_here, tool.fn, *args, **kwargs)
         return _ended(future, timeout) or _timed_out(request, future)
     finally:
         pool.shutdown(wait=False)

@@ -13,7 +13,7 @@ from typing import Any
 
 import httpx
 
-from effectflow import errors
+from effectflow import errors, telemetry
 from effectflow.contrib.http import mapping
 
 #: Seconds a call waits to connect, send or read when neither the tool nor the client says.
@@ -49,6 +49,7 @@ class Sender:
         """Send one request; a transport error becomes its signal, raised ``from`` it."""
         static = self.headers() if callable(self.headers) else (self.headers or {})
         merged = {**static, **headers}
+        telemetry.inject(merged)  # traceparent: the provider's trace joins the attempt's
         try:
             if self.client is None:
                 with httpx.Client(timeout=self.timeout or DEFAULT_TIMEOUT_S) as client:
