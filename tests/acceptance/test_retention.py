@@ -153,6 +153,8 @@ def archived(url: str, tmp_path: Path) -> tuple[str, Path, dict[str, Any]]:
         assert rt.start(paused, run_id="waits").status is ef.RunStatus.PAUSED
     db = ledgers.Raw(url)
     before = {rid: _ledger_rows(db, rid) for rid in ("doubt", "waits")}
+    head = _cli(url, "audit", "head", "--out", str(tmp_path / "head.json"))
+    assert head.returncode == 0, head.stderr
     out = tmp_path / "archive.jsonl"
     done = _cli(url, "archive", "--before", FUTURE, "--to", str(out), "--json")
     assert done.returncode == 0, done.stdout + done.stderr
@@ -260,3 +262,23 @@ def test_a_keyed_ledger_is_not_archived_without_its_key(url: str, tmp_path: Path
     assert "audit key" in done.stderr
     assert ledgers.Raw(url).sql("SELECT count(*) FROM runs WHERE run_id = ?", ("kept",)) == [(1,)]
     assert not out.exists()
+
+
+def test_a_head_exported_before_archiving_is_still_reached(
+    archived: tuple[str, Path, dict[str, Any]], tmp_path: Path
+) -> None:
+    """A head exported before the archive verifies against the ledger after it (the archived runs
+    are gone by right, the shards' chains still reach their exported heads), and a run deleted by
+    hand since is still caught against it."""
+    url, _, _ = archived
+    head = str(tmp_path / "head.json")
+    done = _cli(url, "audit", "verify", "--against", head)
+    assert done.returncode == 0, done.stdout + done.stderr
+    db = ledgers.Raw(url)
+    db.unprotect()
+    for table in ("attempts", "approvals", "operations", "effects", "steps", "runs", "audit",
+                  "seals"):  # fmt: skip
+        db.sql(f"DELETE FROM {table} WHERE run_id = ?", ("waits",))
+    done = _cli(url, "audit", "verify", "--against", head)
+    assert done.returncode == 4, done.stdout + done.stderr
+    assert "run waits" in done.stderr

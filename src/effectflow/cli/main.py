@@ -206,7 +206,7 @@ def audit_verify(
             with store.audit_snapshot():
                 chains = audit.replay_shards(store, key, want)[1]
                 found = dict(audit_read.materials_batched(store))
-                problems += audit.check_head(head, found, key, chains)
+                problems += audit.check_head(head, found, key, chains, _archived(store, key))
     finally:
         store.close()
     note = None if key is not None else _UNKEYED.format(env=audit.KEY_ENV)
@@ -233,6 +233,15 @@ def audit_verify(
         if note:
             typer.echo(note, err=True)
     raise typer.Exit(EXIT_TAMPERED if problems else EXIT_OK)
+
+
+def _archived(store: Any, key: bytes | None) -> set[str]:
+    """The runs archived by right (their archive records verify; verify reports the others)."""
+    from effectflow.ledger import archive
+
+    if not store.audit_rows(store.SQL["migration_applied_at"], (archive.ARCHIVES_SINCE,)):
+        return set()
+    return archive.check_records(store, key)[0]
 
 
 def _verify_archive(path: Path, as_json: bool) -> None:

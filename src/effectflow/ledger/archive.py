@@ -30,6 +30,10 @@ from typing import Any
 
 from effectflow import digests, errors
 from effectflow.ledger import audit, rowmap
+from effectflow.ledger.audit import replay
+
+#: The ledger version from which runs may be archived (migration 10: ``archived_runs``).
+ARCHIVES_SINCE = replay.ARCHIVES_SINCE
 
 #: What an archive file's first line says it is.
 FORMAT = "effectflow-archive/1"

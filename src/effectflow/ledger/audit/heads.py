@@ -10,7 +10,7 @@ chains and the shards' still reach the exported heads.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
 from effectflow import digests
@@ -93,11 +93,13 @@ def check_head(
     found: Mapping[str, material.Material],
     key: bytes | None,
     chains: list[replay.ShardChain] | None = None,
+    archived: Collection[str] = frozenset(),
 ) -> list[material.Problem]:
     """Compare a ledger with a head exported earlier: each run it lists must still be there, its
     chains at least as long and passing through the exported heads; and so must each shard's
     chain (``chains``, as ``replay_shards`` recomputed them), which also covers the runs the
-    export does not list by name."""
+    export does not list by name. A run in ``archived`` (its archive record verifies) is gone
+    by right: its seals' links still carry the shards' chains to their exported heads."""
     problems: list[material.Problem] = []
     body = {k: head[k] for k in ("format", "exported_at", "runs", "shards") if k in head}
     signature = str(head.get("signature", ""))
@@ -110,7 +112,10 @@ def check_head(
             material.Problem("-", None, "the head file's signature does not match (edited)")
         )
     for entry in head.get("runs", []):
-        problems.extend(_check_run(entry, found.get(str(entry["run_id"]))))
+        rid = str(entry["run_id"])
+        if rid not in found and rid in archived:
+            continue
+        problems.extend(_check_run(entry, found.get(rid)))
     if chains is not None:
         by_shard = {c.shard: c for c in chains}
         for entry in head.get("shards", []):
