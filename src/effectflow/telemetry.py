@@ -15,6 +15,7 @@ never argument values, idempotency keys, evidence or outputs.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Generator, Mapping
 from typing import Any, Protocol, TypeVar
 
@@ -66,11 +67,21 @@ _open: dict[tuple[str, ...], Any] = {}
 #: Context tokens of the attempt spans made current, to detach when their outcome is known.
 _attached: dict[tuple[str, ...], Any] = {}
 _loaded = False
+_active = False
+_MISSING = object()
+_metrics_internal: Any = None
+#: The providers in place before the application sets one (the meters' proxy class is private).
+_IDLE = frozenset(
+    {"ProxyTracerProvider", "NoOpTracerProvider", "_ProxyMeterProvider", "NoOpMeterProvider"}
+)
+_FROM_ENV = bool(
+    os.environ.get("OTEL_PYTHON_TRACER_PROVIDER") or os.environ.get("OTEL_PYTHON_METER_PROVIDER")
+)
 
 
 def _load() -> bool:
     """Import the OpenTelemetry API once; False (and every hook a no-op) when it is missing."""
-    global _loaded, _trace, _metrics, _context
+    global _loaded, _trace, _metrics, _context, _metrics_internal
     if not _loaded:
         _loaded = True
         try:
@@ -79,7 +90,38 @@ def _load() -> bool:
             _trace = _metrics = _context = None
         else:
             _trace, _metrics, _context = trace, metrics, context
+            _metrics_internal = getattr(metrics, "_internal", metrics)
     return _trace is not None
+
+
+def _on() -> bool:
+    """Whether anything would receive what is emitted: providers given to ``use``, or global
+    ones the application configured. OpenTelemetry's default (proxy, no-op) providers would
+    discard it all, at tens of microseconds a step, so until an SDK is configured nothing is made;
+    once one is, that holds (global providers are set once per process)."""
+    global _active
+    if _active:
+        return True
+    if not _load():
+        return False
+    _active = (
+        _tracer_provider is not None
+        or _meter_provider is not None
+        or _configured(_trace, "_TRACER_PROVIDER", _trace.get_tracer_provider)
+        or _configured(_metrics_internal, "_METER_PROVIDER", _metrics.get_meter_provider)
+    )
+    return _active
+
+
+def _configured(module: Any, name: str, getter: Any) -> bool:
+    """Whether the application set this global provider (to something that is not a no-op).
+
+    Read from the API's module global: the public getter looks the environment up on every call
+    (a provider named there, ``OTEL_PYTHON_*_PROVIDER``, is loaded by it: then it is asked)."""
+    found = getattr(module, name, _MISSING)
+    if found is _MISSING or _FROM_ENV:
+        found = getter()
+    return found is not None and type(found).__name__ not in _IDLE
 
 
 def enabled() -> bool:
@@ -92,8 +134,9 @@ def use(tracer_provider: Any = None, meter_provider: Any = None) -> None:
 
     OpenTelemetry's global providers can be set once per process; tests and applications that
     keep providers private pass theirs here."""
-    global _tracer_provider, _meter_provider, _tracer
+    global _tracer_provider, _meter_provider, _tracer, _active
     _tracer_provider, _meter_provider, _tracer = tracer_provider, meter_provider, None
+    _active = False
     _instruments.clear()
     _open.clear()
     _attached.clear()
@@ -161,7 +204,7 @@ def _detach(key: tuple[str, ...]) -> None:
 def inject(headers: dict[str, str]) -> None:
     """Add the current trace context (``traceparent``, ``tracestate``: the propagators the
     application configured) to an outgoing request's ``headers``; a header already set is kept."""
-    if _load():
+    if _on():
         from opentelemetry import propagate
 
         carrier: dict[str, str] = {}
@@ -175,20 +218,20 @@ def inject(headers: dict[str, str]) -> None:
 
 def run_started(run_id: str, workflow: str) -> None:
     """A pass of the executor over a run begins (its span parents the steps it drives)."""
-    if _load():
+    if _on():
         _start((run_id,), None, "effectflow.run", run_id=run_id, workflow=workflow)
 
 
 def run_ended(run: _R) -> _R:
     """The pass ends with ``run`` (returned as it is): its status as this pass leaves it."""
-    if _trace is not None:
+    if _active:
         _end((run.run_id,), run_status=run.status.value)
     return run
 
 
 def run_left(run_id: str) -> None:
     """The pass ends by an exception (a lost lease, a crash injected in a test): its span ends."""
-    if _trace is not None:
+    if _active:
         _end((run_id,), run_status="raised")
 
 
@@ -197,7 +240,7 @@ def step(
 ) -> Generator[Any, Any, Any]:
     """``machine`` (a step's path through the runtime) inside a span of its own, with its latency
     recorded; ``machine`` itself when OpenTelemetry is missing (nothing added to the hot path)."""
-    if not _load():
+    if not _on():
         return machine
     return _traced_step(run_id, step_id, tool, machine)
 
@@ -226,7 +269,7 @@ def _traced_step(
 def attempt_started(run_id: str, step_id: str, tool: str, number: int) -> None:
     """A call to the provider is about to be sent: its span is made current until its outcome,
     so the tool's own instrumentation, and ``inject`` (an HTTP tool's ``traceparent``), see it."""
-    if _trace is not None:
+    if _on():
         key = (run_id, step_id, "attempt")
         _start(
             (run_id, step_id, "attempt"),
@@ -242,7 +285,7 @@ def attempt_started(run_id: str, step_id: str, tool: str, number: int) -> None:
 
 def attempt_ended(run_id: str, step_id: str, tool: str, outcome: str) -> None:
     """The call's outcome (committed, not_committed, unknown) is known and about to be recorded."""
-    if _trace is not None:
+    if _active:
         _detach((run_id, step_id, "attempt"))
         _end((run_id, step_id, "attempt"), outcome=outcome)
         _instrument("effectflow.attempts").add(1, _attrs({"tool": tool, "outcome": outcome}))
@@ -250,7 +293,7 @@ def attempt_ended(run_id: str, step_id: str, tool: str, outcome: str) -> None:
 
 def lookup_started(run_id: str, step_id: str, tool: str, lookup_tool: str) -> None:
     """The contract's lookup tool is about to be asked about a step in doubt."""
-    if _trace is not None:
+    if _on():
         _start(
             (run_id, step_id, "lookup"),
             (run_id, step_id),
@@ -264,7 +307,7 @@ def lookup_started(run_id: str, step_id: str, tool: str, lookup_tool: str) -> No
 
 def lookup_ended(run_id: str, step_id: str, tool: str, result: str) -> None:
     """The lookup's answer (confirmed, not_committed, unknown, ...) is known."""
-    if _trace is not None:
+    if _active:
         _end((run_id, step_id, "lookup"), result=result)
         _instrument("effectflow.lookups").add(1, _attrs({"tool": tool, "result": result}))
 
@@ -297,7 +340,7 @@ def decided(
             action,
             extra={"effectflow": {k: v for k, v in ids.items() if v is not None}},
         )
-    if _trace is not None:
+    if _active:
         span = _open.get((run_id, step_id))
         if span is not None:
             span.set_attributes(_attrs(ids))

@@ -72,3 +72,24 @@ def test_the_api_is_imported_by_nothing_but_telemetry() -> None:
             if any(n.split(".")[0] == "opentelemetry" for n in names):
                 offenders.append(str(path.relative_to(root)))
     assert offenders == []
+
+
+def test_with_the_api_but_no_sdk_configured_nothing_is_made() -> None:
+    """The API installed but no provider set (OpenTelemetry's proxies would discard it all): a
+    step's machine is handed back unwrapped and no span is opened, so an unconfigured install
+    costs a flag check, not a no-op span per step."""
+    pytest.importorskip("opentelemetry")
+    from opentelemetry import trace
+
+    if type(trace.get_tracer_provider()).__name__ != "ProxyTracerProvider":
+        pytest.fail(
+            "a test set OpenTelemetry's global tracer provider; tests must use telemetry.use"
+        )
+    telemetry.use()
+    assert telemetry.enabled() is True
+    machine = _machine()
+    assert telemetry.step("r", "s", "t@1", machine) is machine
+    telemetry.run_started("r", "wf")
+    telemetry.attempt_started("r", "s", "t@1", 1)
+    assert telemetry._open == {}
+    assert telemetry._attached == {}
