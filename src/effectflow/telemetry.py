@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import logging
 import os
+import weakref
 from collections.abc import Generator, Mapping
 from typing import Any, Protocol, TypeVar
 
 __all__ = [
     "attempt_ended",
     "attempt_started",
+    "claimed",
     "decided",
     "enabled",
     "inject",
@@ -31,7 +33,9 @@ __all__ = [
     "run_left",
     "run_started",
     "step",
+    "unwatch",
     "use",
+    "watch",
 ]
 
 
@@ -49,6 +53,12 @@ class _Run(Protocol):
 
 _R = TypeVar("_R", bound=_Run)
 
+
+class _Watched(Protocol):
+    @property
+    def tenant(self) -> str: ...
+
+
 #: The INFO line of each decision of the table (its row and action, with the ids).
 decisions_log = logging.getLogger("effectflow.decisions")
 
@@ -64,6 +74,8 @@ _tracer: Any = None
 _instruments: dict[str, Any] = {}
 #: Open spans by their ids: (run_id,), (run_id, step_id), (run_id, step_id, kind).
 _open: dict[tuple[str, ...], Any] = {}
+#: The open runtimes whose ledgers the gauges read when collected.
+_watched: weakref.WeakSet[Any] = weakref.WeakSet()
 #: Context tokens of the attempt spans made current, to detach when their outcome is known.
 _attached: dict[tuple[str, ...], Any] = {}
 _loaded = False
@@ -110,6 +122,8 @@ def _on() -> bool:
         or _configured(_trace, "_TRACER_PROVIDER", _trace.get_tracer_provider)
         or _configured(_metrics_internal, "_METER_PROVIDER", _metrics.get_meter_provider)
     )
+    if _active:
+        _gauges()
     return _active
 
 
@@ -310,6 +324,65 @@ def lookup_ended(run_id: str, step_id: str, tool: str, result: str) -> None:
     if _active:
         _end((run_id, step_id, "lookup"), result=result)
         _instrument("effectflow.lookups").add(1, _attrs({"tool": tool, "result": result}))
+
+
+def claimed(run_id: str, previous_owner: str | None, owner: str) -> None:
+    """A run's lease was claimed here; held before by another owner (expired, or its process
+    gone), that is a takeover."""
+    if previous_owner is not None and previous_owner != owner and _on():
+        _instrument("effectflow.lease.takeovers").add(1, {})
+
+
+def watch(runtime: _Watched) -> None:
+    """Report ``runtime``'s effects in doubt and effects waiting for a person as gauges, read
+    from its ledger only when the metrics are collected (nothing is counted on the hot path)."""
+    _watched.add(runtime)
+    if _on():
+        _gauges()
+
+
+def unwatch(runtime: _Watched) -> None:
+    """``runtime`` is closing: its ledger is no longer read."""
+    _watched.discard(runtime)
+
+
+def _gauges() -> None:
+    """The two gauges, once per meter."""
+    if "effectflow.effects.in_doubt" in _instruments:
+        return
+    meter = (_meter_provider or _metrics).get_meter("effectflow", _VERSION)
+    for name, read, description in (
+        ("effectflow.effects.in_doubt", _in_doubt, "Effects in doubt that no owner is settling"),
+        ("effectflow.effects.waiting_for_person", _waiting, "Effects waiting for a person"),
+    ):
+        _instruments[name] = meter.create_observable_gauge(
+            name, callbacks=[_observer(read)], description=description
+        )
+
+
+def _in_doubt(runtime: Any) -> int:
+    return len(runtime.store.effects_in_doubt(tenant=runtime.tenant, now=runtime.clock()))
+
+
+def _waiting(runtime: Any) -> int:
+    return sum(1 for item in runtime.attention() if item.effect_id is not None)
+
+
+def _observer(read: Any) -> Any:
+    def observe(options: Any) -> list[Any]:
+        found = []
+        for runtime in list(_watched):
+            try:
+                value = read(runtime)
+            except Exception:  # a collector must never break on one ledger; say which
+                logging.getLogger("effectflow.telemetry").warning(
+                    "reading the ledger of tenant %s for a gauge failed", runtime.tenant
+                )
+                continue
+            found.append(_metrics.Observation(value, {"effectflow.tenant": runtime.tenant}))
+        return found
+
+    return observe
 
 
 def decided(

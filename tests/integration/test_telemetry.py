@@ -42,10 +42,14 @@ SECRET_TO = "#secret-channel"
 SECRET_BODY = "the-private-body-text"
 
 notify = Current[NotifyProvider]()
+#: Non-empty while the provider's search lags: the lookup cannot tell.
+LAGGING: set[str] = set()
 
 
 @ef.tool("tel_find_post", effect="read")
 def find_post(*, idempotency_key: str) -> ef.Lookup:
+    if LAGGING:
+        return ef.Lookup.unknown(reason="the search index is behind")
     found = notify().search(client_tag=idempotency_key)
     if not found:
         return ef.Lookup.not_committed()
@@ -348,3 +352,35 @@ def test_without_opentelemetry_an_http_tool_sends_no_traceparent(
     assert run.status is ef.RunStatus.SUCCEEDED, run.error
     [headers] = _Headers.seen
     assert "traceparent" not in headers
+
+
+def test_effects_in_doubt_and_waiting_for_a_person_are_gauges_read_from_the_ledger(
+    tmp_path: Path,
+    provider: NotifyProvider,
+    captured: Captured,
+) -> None:
+    """A lost post whose lookup cannot tell pauses its run: when collected, the gauges read one
+    effect in doubt and one waiting for a person (the provider holds the one post); once the
+    lookup confirms it and the run goes on, both read zero."""
+    LAGGING.add("gauges")
+    try:
+        provider.inject("post", "lose_response")
+        with ef.Runtime(f"sqlite:///{tmp_path / 'ledger.db'}") as rt:
+            run = rt.start(tel_flow, run_id="tel-g", channel=SECRET_TO, text=SECRET_BODY)
+            assert run.status is ef.RunStatus.PAUSED, run.error
+            assert len(provider.notifications()) == 1
+            gauges = captured.points()
+            assert gauges["effectflow.effects.in_doubt"] == [({"effectflow.tenant": "default"}, 1)]
+            assert gauges["effectflow.effects.waiting_for_person"] == [
+                ({"effectflow.tenant": "default"}, 1)
+            ]
+            LAGGING.clear()
+            assert rt.resume("tel-g").status is ef.RunStatus.SUCCEEDED
+            gauges = captured.points()
+            assert gauges["effectflow.effects.in_doubt"] == [({"effectflow.tenant": "default"}, 0)]
+            assert gauges["effectflow.effects.waiting_for_person"] == [
+                ({"effectflow.tenant": "default"}, 0)
+            ]
+    finally:
+        LAGGING.clear()
+    assert len(provider.notifications()) == 1

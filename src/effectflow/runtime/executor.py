@@ -251,6 +251,7 @@ class Executor:
             raise errors.LeaseLost(
                 f"run {run.run_id} was claimed by another worker first", run_id=run.run_id
             )
+        telemetry.claimed(run.run_id, run.lease_owner, port.owner)
         return claimed
 
     def _note_code_change(self, state: state_mod.RunState, workflow: Workflow[..., Any]) -> None:

@@ -16,7 +16,7 @@ import uuid
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
-from effectflow import digests, errors
+from effectflow import digests, errors, telemetry
 from effectflow.contracts import registry as registry_module
 from effectflow.contracts.tool import Tool
 from effectflow.contracts.workflow import Workflow
@@ -103,6 +103,7 @@ class Runtime:
             draining=threading.Event(),
         )
         self._executor = Executor(self._port, self.leases)
+        telemetry.watch(self)  # effects in doubt, waiting for a person: read when collected
 
     @property
     def draining(self) -> bool:
@@ -120,6 +121,7 @@ class Runtime:
 
     def close(self) -> None:
         """Stop the heartbeat and close the ledger."""
+        telemetry.unwatch(self)
         self.leases.close()
         self.store.close()
 
