@@ -14,6 +14,7 @@ import shutil
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -383,4 +384,22 @@ def test_effects_in_doubt_and_waiting_for_a_person_are_gauges_read_from_the_ledg
             ]
     finally:
         LAGGING.clear()
+    assert len(provider.notifications()) == 1
+
+
+def test_a_run_whose_lease_another_owner_let_expire_is_counted_as_a_takeover(
+    tmp_path: Path, provider: NotifyProvider, captured: Captured
+) -> None:
+    """A submitted run leased by another owner whose lease expired is resumed here: one
+    takeover is counted, and the provider holds the one post the run made."""
+    with ef.Runtime(f"sqlite:///{tmp_path / 'ledger.db'}") as rt:
+        run = rt.submit(tel_flow, run_id="tel-t", channel="#c", text="t")
+        other = rt.store.claim(
+            "tel-t", owner="elsewhere:1:x", expected_token=run.lease_token, ttl=0.01, now=rt.clock()
+        )
+        assert other is not None
+        time.sleep(0.05)
+        assert captured.points().get("effectflow.lease.takeovers") is None
+        assert rt.resume("tel-t").status is ef.RunStatus.SUCCEEDED
+    assert captured.points()["effectflow.lease.takeovers"] == [({}, 1)]
     assert len(provider.notifications()) == 1
