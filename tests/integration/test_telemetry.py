@@ -7,6 +7,7 @@ log lines must tell the same story, and carry ids only: no argument value or key
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
@@ -403,3 +404,51 @@ def test_a_run_whose_lease_another_owner_let_expire_is_counted_as_a_takeover(
         assert rt.resume("tel-t").status is ef.RunStatus.SUCCEEDED
     assert captured.points()["effectflow.lease.takeovers"] == [({}, 1)]
     assert len(provider.notifications()) == 1
+
+
+@ef.tool(
+    "tel_post_async",
+    effect="external_write",
+    confirm=find_post,
+    effect_id="notification_id",
+    retry=FAST,
+    settles_within=0,
+)
+async def post_async(channel: str, text: str, *, idempotency_key: str) -> dict[str, Any]:
+    try:
+        return notify().post(channel, text, client_tag=idempotency_key)
+    except ProviderTimeout as exc:
+        raise ef.OutcomeUnknown(str(exc)) from exc
+
+
+@ef.workflow("tel_flow_async")
+async def tel_flow_async(ctx: ef.AsyncContext, channel: str, text: str) -> str:
+    posted = await ctx.call("send", post_async, channel=channel, text=text)
+    return str(posted["notification_id"])
+
+
+def test_an_async_run_makes_the_same_span_tree(
+    tmp_path: Path, provider: NotifyProvider, captured: Captured
+) -> None:
+    """On the event loop too: run -> step -> (attempt unknown, lookup confirmed), one post."""
+    provider.inject("post", "lose_response")
+
+    async def main() -> ef.RunRecord:
+        with ef.Runtime(f"sqlite:///{tmp_path / 'a.db'}") as rt:
+            return await rt.start_async(tel_flow_async, run_id="tel-a", channel="#a", text="a")
+
+    run = asyncio.run(main())
+    assert run.status is ef.RunStatus.SUCCEEDED, run.error
+    assert len(provider.notifications()) == 1
+    spans = {s.name: s for s in captured.finished()}
+    step_span = spans["effectflow.step"]
+    assert step_span.parent is not None
+    assert step_span.parent.span_id == spans["effectflow.run"].context.span_id
+    for name, key, value in (
+        ("effectflow.attempt", "effectflow.outcome", "unknown"),
+        ("effectflow.lookup", "effectflow.result", "confirmed"),
+    ):
+        child = spans[name]
+        assert child.parent is not None
+        assert child.parent.span_id == step_span.context.span_id
+        assert (child.attributes or {})[key] == value
