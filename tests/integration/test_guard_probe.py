@@ -26,6 +26,7 @@ import pytest
 
 import effectflow as ef
 from effectflow.runtime import guard as guard_mod
+from effectflow.runtime import starting
 
 CHILD = Path(app.__file__)
 SEND = app.ARGS["gp_send"]
@@ -248,6 +249,30 @@ def test_regenerated_calls_from_two_processes_after_the_first_host_died(
             assert done.value == sent
             assert done.deduplicated
     assert app.records() == [sent]
+
+
+def test_a_regenerated_call_is_not_held_by_a_copy_another_process_is_answering(
+    any_ledger: str,
+) -> None:
+    """c1 happened; c3, a regenerated copy of it, is being answered by another live process at
+    this moment (its run open under that process's lease). c2, regenerated too, is c1's effect:
+    answered from c1, not held as if c3 might be a second effect (the race the two-process test
+    above hit about one run in fifteen)."""
+    with ef.Runtime(any_ledger) as rt, ef.Runtime(any_ledger, lease_ttl=60) as other:
+        first = rt.guard(app.send, SEND, scope="t", call_id="c1")
+        [original] = rt.runs(scope="t", call_id="c1")
+        # c3's process has recorded its run (c1's operation, decided from c1) and holds its lease:
+        # the state a live process leaves between starting c3's run and answering it.
+        copy_input = {**original.input, "call_id": "c3"}
+        run_id = guard_mod.run_id_of(rt.tenant, "t", "c3")
+        starting.create(other._port, guard_mod.WORKFLOW, run_id, copy_input, leased=True)
+        [copy] = rt.runs(scope="t", call_id="c3")
+        assert copy.status is ef.RunStatus.RUNNING
+        assert copy.lease_owner != rt.store.get_run(original.run_id).lease_owner
+        again = rt.guard(app.send, SEND, scope="t", call_id="c2")
+        assert again.value == first.value
+        assert again.deduplicated
+    assert app.records() == [first.value]
 
 
 # -- repeats and earlier calls that may have happened ----------------------------------------------

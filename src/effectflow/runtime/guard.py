@@ -228,7 +228,7 @@ def call(
     elif new_request or made.contract.each_call_new:
         # Declared a request of its own (an MCP operation_id, a tool whose repeats are normal):
         # made even when the same call happened — but not while one may still have happened.
-        for earlier in _same_calls(rt, made, normalized, scope, run_id):
+        for earlier in _one_per_effect(_same_calls(rt, made, normalized, scope, run_id)):
             _settled_earlier_call(rt, made, scope, earlier, STEP_ID)
         input["new_request"] = True
         input["operation"] = request_operation(scope, call_id)
@@ -321,7 +321,7 @@ def _decide_operation(
     if not family:
         return operation_id(tool, arguments, scope, call_id)
     happened: list[records.RunRecord] = []
-    for earlier in family:
+    for earlier in _one_per_effect(family):
         step = _settled_earlier_call(rt, tool, scope, earlier, STEP_ID)
         if step is not None and step.status in _HAPPENED:
             happened.append(earlier)
@@ -347,6 +347,23 @@ def _same_calls(
         and run.input.get("arguments") == arguments
     ]
     return sorted(found, key=lambda r: r.created_at)
+
+
+def _one_per_effect(family: list[records.RunRecord]) -> list[records.RunRecord]:
+    """The family without the regenerated copies of its calls: a call that recorded the operation
+    of an earlier one is that call's effect, settled with it. Settling the copy too would name a
+    copy another process is answering at this moment (from the first call's effect) as the call
+    that may have happened, instead of the first call."""
+    seen: set[str] = set()
+    distinct = []
+    for run in family:
+        operation = run.input.get("operation")
+        if isinstance(operation, str):
+            if operation in seen:
+                continue
+            seen.add(operation)
+        distinct.append(run)
+    return distinct
 
 
 def _recorded_operation(rt: Host, tool: Tool[..., Any], run: records.RunRecord) -> str:
