@@ -272,6 +272,15 @@ def _traced_step(
         value = yield from machine
         outcome = "ok"
         return value
+    except BaseException as exc:
+        # The run pauses at this step (an approval, an effect in doubt, a person to decide): it
+        # did not fail, and a dashboard of step errors must not count it. Imported here: this
+        # module imports nothing of the runtime it observes.
+        from effectflow.runtime import machine_io
+
+        if isinstance(exc, machine_io.Suspend):
+            outcome = "paused"
+        raise
     finally:
         _instrument("effectflow.step.duration").record(
             time.perf_counter() - began, _attrs({"tool": tool, "outcome": outcome})

@@ -452,3 +452,91 @@ def test_an_async_run_makes_the_same_span_tree(
         assert child.parent is not None
         assert child.parent.span_id == step_span.context.span_id
         assert (child.attributes or {})[key] == value
+
+
+def test_a_step_that_pauses_its_run_ends_paused_not_error(
+    tmp_path: Path, provider: NotifyProvider, captured: Captured
+) -> None:
+    """A refund that waits for approval pauses its run: the step's span and its latency say
+    ``paused`` — nothing failed, and a dashboard of step errors must not count it."""
+    with ef.Runtime(f"sqlite:///{tmp_path / 'ledger.db'}") as rt:
+        run = rt.start(tel_approved_flow, run_id="tel-a", channel="#c")
+        assert run.status is ef.RunStatus.PAUSED
+    [step_span] = [s for s in captured.finished() if s.name == "effectflow.step"]
+    assert step_span.attributes is not None
+    assert step_span.attributes["effectflow.outcome"] == "paused"
+    [(attributes, count)] = captured.points()["effectflow.step.duration"]
+    assert attributes["effectflow.outcome"] == "paused"
+    assert count == 1
+    assert provider.notifications() == []
+
+
+RELEASED: list[str] = []
+
+
+@ef.tool("tel_unpost", effect="external_write", approval=False)
+def unpost(notification_id: str) -> dict[str, Any]:
+    RELEASED.append(notification_id)
+    return {"retracted": notification_id}
+
+
+@ef.tool(
+    "tel_post_undoable",
+    effect="external_write",
+    confirm=find_post,
+    effect_id="notification_id",
+    compensation=ef.Compensation(tool=unpost, automatic=True),
+    retry=FAST,
+    settles_within=0,
+)
+def post_undoable(channel: str, text: str, *, idempotency_key: str) -> dict[str, Any]:
+    return notify().post(channel, text, client_tag=idempotency_key)
+
+
+@ef.tool("tel_refund", effect="external_write", approval=True, effect_id="notification_id")
+def refund(channel: str, *, idempotency_key: str) -> dict[str, Any]:
+    return notify().post(channel, "refunded", client_tag=idempotency_key)
+
+
+@ef.workflow("tel_approved_flow")
+def tel_approved_flow(ctx: ef.Context, channel: str) -> Any:
+    return ctx.call("refund", refund, channel=channel)
+
+
+@ef.workflow("tel_abandoned_flow")
+def tel_abandoned_flow(ctx: ef.Context, channel: str) -> Any:
+    ctx.call("post", post_undoable, channel=channel, text="on its way")
+    raise ef.AbandonGoal("the order was cancelled")
+
+
+def test_a_compensation_is_a_step_span_of_the_run_it_answers(
+    tmp_path: Path, provider: NotifyProvider, captured: Captured
+) -> None:
+    """A run abandons its goal after a post: the compensation that answers the post is a step
+    span of its own (``compensate:post``) under the run's span, with its attempt under it."""
+    RELEASED.clear()
+    with ef.Runtime(f"sqlite:///{tmp_path / 'ledger.db'}") as rt:
+        run = rt.start(tel_abandoned_flow, run_id="tel-c", channel="#c")
+        assert run.status is ef.RunStatus.COMPENSATED, run.error
+    [posted] = provider.notifications()
+    assert RELEASED == [posted["notification_id"]]
+    spans = captured.finished()
+    [run_span] = [s for s in spans if s.name == "effectflow.run"]
+    steps = {
+        str((s.attributes or {})["effectflow.step_id"]): s
+        for s in spans
+        if s.name == "effectflow.step"
+    }
+    assert set(steps) == {"post", "compensate:post"}
+    for step_span in steps.values():
+        assert step_span.parent is not None
+        assert step_span.parent.span_id == run_span.context.span_id
+    attempts = [s for s in spans if s.name == "effectflow.attempt"]
+    assert {str((a.attributes or {})["effectflow.step_id"]) for a in attempts} == set(steps)
+    for attempt in attempts:
+        step_id = str((attempt.attributes or {})["effectflow.step_id"])
+        assert attempt.parent is not None
+        assert attempt.parent.span_id == steps[step_id].context.span_id
+    compensation = steps["compensate:post"].attributes or {}
+    assert compensation["effectflow.tool"] == "tel_unpost@1"
+    assert compensation["effectflow.outcome"] == "ok"

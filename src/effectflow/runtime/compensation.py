@@ -16,7 +16,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from effectflow import errors
+from effectflow import errors, telemetry
 from effectflow.contracts.tool import Tool
 from effectflow.ledger import records
 from effectflow.ledger.records import CompensationStatus, NextAction, StepStatus
@@ -145,7 +145,11 @@ def _run_compensation(
         compensates=effect,
     )
     try:
-        driver.drive(port, state, step_machine.run(call))
+        driver.drive(
+            port,
+            state,
+            telemetry.step(call.run_id, comp_step_id, comp_tool.ref, step_machine.run(call)),
+        )
     except machine_io.Suspend:
         return comp_step_id
     except errors.StepFailed as exc:
