@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 # The demo's own install: the core and the `demo` extra, not the dev toolchain (Playwright, mypy,
 # schemathesis, every integration's host framework).
 DEMO_STAMP := $(VENV)/.demo-installed
-LINTED := $(wildcard src tests benchmarks)
+LINTED := $(wildcard src tests benchmarks docs/reference/*.py)
 
 # In CI (CI=true) the PostgreSQL half of the suite must run: a server that does not answer fails
 # its tests instead of skipping them (tests/ledgers.py). On a developer's machine they skip.
@@ -14,7 +14,7 @@ ifeq ($(CI),true)
 export EFFECTFLOW_REQUIRE_PG ?= 1
 endif
 
-.PHONY: demo test lint bench clean
+.PHONY: demo test lint docs bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -38,8 +38,15 @@ lint: $(STAMP)
 test: lint
 	$(PY) -m pytest
 
+# The documentation site and its API reference (mkdocs.yml) into site/. --strict fails on a broken
+# link, a docstring naming an object that does not exist, a malformed docstring section.
+# tests/docs/test_reference.py runs the same build in the suite (and checks that every public name
+# is documented), so `make test` and CI check the docs without this target.
+docs: $(STAMP)
+	$(VENV)/bin/mkdocs build --strict
+
 bench: $(STAMP)
 	$(PY) benchmarks/core_overhead.py
 
 clean:
-	rm -rf $(VENV) build dist .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) build dist site .pytest_cache .mypy_cache .ruff_cache
