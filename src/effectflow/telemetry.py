@@ -384,8 +384,12 @@ def _observer(read: Any) -> Any:
             try:
                 value = read(runtime)
             except Exception:  # a collector must never break on one ledger; say which
+                if runtime not in _watched:
+                    continue  # it closed while this collection read it: nothing failed
                 logging.getLogger("effectflow.telemetry").warning(
-                    "reading the ledger of tenant %s for a gauge failed", runtime.tenant
+                    "reading the ledger of tenant %s for a gauge failed",
+                    runtime.tenant,
+                    exc_info=True,
                 )
                 continue
             found.append(_metrics.Observation(value, {"effectflow.tenant": runtime.tenant}))

@@ -23,7 +23,13 @@ from typing import Any, ClassVar
 
 import pytest
 from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.metrics.export import (
+    InMemoryMetricReader,
+    MetricExporter,
+    MetricExportResult,
+    MetricsData,
+    PeriodicExportingMetricReader,
+)
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -503,6 +509,11 @@ def tel_approved_flow(ctx: ef.Context, channel: str) -> Any:
     return ctx.call("refund", refund, channel=channel)
 
 
+@ef.workflow("tel_undoable_flow")
+def tel_undoable_flow(ctx: ef.Context, channel: str) -> Any:
+    return ctx.call("post", post_undoable, channel=channel, text="on its way")
+
+
 @ef.workflow("tel_abandoned_flow")
 def tel_abandoned_flow(ctx: ef.Context, channel: str) -> Any:
     ctx.call("post", post_undoable, channel=channel, text="on its way")
@@ -519,7 +530,7 @@ def test_a_compensation_is_a_step_span_of_the_run_it_answers(
         run = rt.start(tel_abandoned_flow, run_id="tel-c", channel="#c")
         assert run.status is ef.RunStatus.COMPENSATED, run.error
     [posted] = provider.notifications()
-    assert RELEASED == [posted["notification_id"]]
+    assert [posted["notification_id"]] == RELEASED
     spans = captured.finished()
     [run_span] = [s for s in spans if s.name == "effectflow.run"]
     steps = {
@@ -540,3 +551,68 @@ def test_a_compensation_is_a_step_span_of_the_run_it_answers(
     compensation = steps["compensate:post"].attributes or {}
     assert compensation["effectflow.tool"] == "tel_unpost@1"
     assert compensation["effectflow.outcome"] == "ok"
+
+
+class _Collected(MetricExporter):
+    """Keeps each export's gauge values (what a periodic exporter's thread read)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.exports: list[dict[str, int]] = []
+
+    def export(
+        self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: Any
+    ) -> MetricExportResult:
+        values: dict[str, int] = {}
+        for resource in metrics_data.resource_metrics:
+            for scope in resource.scope_metrics:
+                for metric in scope.metrics:
+                    if metric.name.startswith("effectflow.effects."):
+                        for point in metric.data.data_points:
+                            values[metric.name] = int(getattr(point, "value", 0))
+        self.exports.append(values)
+        return MetricExportResult.SUCCESS
+
+    def force_flush(self, timeout_millis: float = 10_000) -> bool:
+        return True
+
+    def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
+        return None
+
+
+def test_a_periodic_exporter_reads_the_gauges_from_its_own_thread_while_runs_write(
+    any_ledger: str, provider: NotifyProvider, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The SDK's periodic reader collects on its own thread every 20 ms while this thread runs
+    workflows against the same ledger: every collection reads the ledger (no gauge read fails,
+    nothing is logged as failed), and the last one says what the ledger holds."""
+    exporter = _Collected()
+    reader = PeriodicExportingMetricReader(exporter, export_interval_millis=20)
+    meter_provider = MeterProvider(metric_readers=[reader])
+    telemetry.use(meter_provider=meter_provider)
+    try:
+        with (
+            caplog.at_level(logging.WARNING, logger="effectflow.telemetry"),
+            ef.Runtime(any_ledger) as rt,
+        ):
+            LAGGING.add("periodic")
+            provider.inject("post", "lose_response")
+            paused = rt.start(tel_flow, run_id="tel-p0", channel="#c", text="t")
+            assert paused.status is ef.RunStatus.PAUSED
+            LAGGING.clear()
+            for n in range(1, 25):  # runs of their own operation: each posts once
+                done = rt.start(tel_undoable_flow, run_id=f"tel-p{n}", channel="#c")
+                assert done.status is ef.RunStatus.SUCCEEDED, done.error
+            meter_provider.force_flush()
+        assert caplog.records == []
+        read = [e for e in exporter.exports if e]
+        assert len(read) >= 2, exporter.exports
+        assert read[-1] == {
+            "effectflow.effects.in_doubt": 1,
+            "effectflow.effects.waiting_for_person": 1,
+        }
+    finally:
+        LAGGING.clear()
+        telemetry.use()
+        meter_provider.shutdown()
+    assert len(provider.notifications()) == 25
