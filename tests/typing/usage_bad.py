@@ -5,6 +5,7 @@ other line fails (checked by tests/unit/test_typed_call.py). Never imported at r
 from __future__ import annotations
 
 import effectflow as ef
+from effectflow.contrib import dbos as ef_dbos
 
 
 @ef.tool("lookup_customer", effect="read", register=False)
@@ -69,3 +70,20 @@ async def bad_async(ctx: ef.AsyncContext) -> None:
     # Under ``await`` the declared type is inferred into R, so the overload, not the assignment, fails.
     found: int = await ctx.call("lookup", lookup_customer, "c1")  # E: call-overload
     print(found)
+
+
+def dbos_guarded(rt: ef.Runtime) -> None:
+    """A DBOS workflow's guarded call refuses what ``ctx.call`` refuses."""
+    send = ef_dbos.guarded(rt, send_mail)
+    send(to="a@b.c", body=3)  # E: arg-type
+    send("a@b.c")  # E: call-arg
+    send("a@b.c", "hi", colour="red")  # E: call-arg
+    sent: str = send("a@b.c", "hi")  # E: assignment
+    summary: int = ef_dbos.guarded(rt, summarize)("a long text")  # E: assignment
+    ef_dbos.guarded(rt, "send_mail@1")  # E: call-overload
+    print(sent, summary)
+
+
+async def dbos_guarded_async(rt: ef.Runtime) -> None:
+    """The async twin."""
+    await ef_dbos.guarded(rt, lookup_customer).run_async(42)  # E: arg-type

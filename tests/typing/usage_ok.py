@@ -10,6 +10,7 @@ from typing import Any, assert_type, cast
 
 import effectflow as ef
 from effectflow.contracts import registry
+from effectflow.contrib import dbos as ef_dbos
 
 
 @ef.tool("lookup_customer", effect="read", register=False)
@@ -85,3 +86,21 @@ def untyped(ctx: ef.Context) -> None:
     assert_type(ctx.call("mail", loaded, "anything", 1, 2, whatever=True), Any)
     keyed = cast("ef.Tool[..., int]", send_mail_required_key)
     assert_type(ctx.call("mail_keyed", keyed, to="a@b.c"), int)
+
+
+def dbos_guarded(rt: ef.Runtime) -> int:
+    """``guarded(rt, tool)`` keeps the tool's ``Tool[P, R]``: a DBOS workflow's calls are checked
+    and typed as ``ctx.call``'s are (an async tool's result is its coroutine's)."""
+    send = ef_dbos.guarded(rt, send_mail)
+    assert_type(send("a@b.c", "hi"), int)
+    assert_type(send(to="a@b.c", body="hi"), int)
+    assert_type(ef_dbos.guarded(rt, summarize, name="short")("a long text"), str)
+    assert_type(ef_dbos.GuardedStep(rt, lookup_customer)("c1", with_history=True), dict[str, str])
+    assert_type(ef_dbos.guarded(rt, registry.DEFAULT.tool("send_mail@1"))(1, x=2), Any)
+    return send(to="a@b.c", body="hi")
+
+
+async def dbos_guarded_async(rt: ef.Runtime) -> str:
+    """``run_async`` from an async workflow: the same types under ``await``."""
+    assert_type(await ef_dbos.guarded(rt, send_mail).run_async("a@b.c", "hi"), int)
+    return await ef_dbos.guarded(rt, summarize).run_async(text="a long text")

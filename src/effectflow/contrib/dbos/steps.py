@@ -27,8 +27,8 @@ from __future__ import annotations
 import collections
 import dataclasses
 import threading
-from collections.abc import Callable, Generator, Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Coroutine, Generator, Mapping
+from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, cast, overload
 
 try:
     from dbos import DBOS, StepOptions
@@ -45,6 +45,9 @@ from effectflow.runtime import guard as guard_mod
 
 if TYPE_CHECKING:
     from effectflow.runtime.runtime import Runtime
+
+P = ParamSpec("P")
+R = TypeVar("R")
 
 #: The workflow event that holds what a waiting guarded call asks a person (None once answered).
 ASKED_EVENT = "effectflow.asked"
@@ -144,7 +147,7 @@ class _Known:
 _KNOWN = _Known()
 
 
-class GuardedStep:
+class GuardedStep(Generic[P, R]):
     """An ``ef.tool`` called from a DBOS workflow's code through ``rt.guard``, as DBOS steps.
 
     Args:
@@ -156,10 +159,32 @@ class GuardedStep:
         name: The DBOS step name (``effectflow:<tool name>`` by default).
     """
 
+    # Typed from the tool as ``ctx.call`` is (docs/typing.md): an async tool's calls give what its
+    # coroutine returns (the guard awaits it), a sync tool's what it returns.
+    @overload
+    def __init__(
+        self: GuardedStep[P, R],
+        rt: Runtime,
+        tool: Tool[P, Coroutine[Any, Any, R]],
+        *,
+        wait_seconds: float = ...,
+        name: str | None = ...,
+    ) -> None: ...
+
+    @overload
+    def __init__(
+        self: GuardedStep[P, R],
+        rt: Runtime,
+        tool: Tool[P, R],
+        *,
+        wait_seconds: float = ...,
+        name: str | None = ...,
+    ) -> None: ...
+
     def __init__(
         self,
         rt: Runtime,
-        tool: Tool[..., Any],
+        tool: Tool[P, Any],
         *,
         wait_seconds: float = DEFAULT_WAIT_S,
         name: str | None = None,
@@ -171,13 +196,13 @@ class GuardedStep:
         self.wait_seconds = wait_seconds
         self.step_name = name or f"effectflow:{tool.name}"
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
         """Call the tool from the workflow's code; its recorded result."""
-        return self.call(self.tool.bind_arguments(args, kwargs)).value
+        return cast("R", self.call(self.tool.bind_arguments(args, kwargs)).value)
 
-    async def run_async(self, *args: Any, **kwargs: Any) -> Any:
+    async def run_async(self, *args: P.args, **kwargs: P.kwargs) -> R:
         """Call the tool from an ``async`` workflow's code; its recorded result."""
-        return (await self.acall(self.tool.bind_arguments(args, kwargs))).value
+        return cast("R", (await self.acall(self.tool.bind_arguments(args, kwargs))).value)
 
     def call(
         self,
@@ -363,14 +388,35 @@ class GuardedStep:
         }
 
 
+@overload
 def guarded(
     rt: Runtime,
-    tool: Tool[..., Any],
+    tool: Tool[P, Coroutine[Any, Any, R]],
+    *,
+    wait_seconds: float = ...,
+    name: str | None = ...,
+) -> GuardedStep[P, R]: ...
+
+
+@overload
+def guarded(
+    rt: Runtime,
+    tool: Tool[P, R],
+    *,
+    wait_seconds: float = ...,
+    name: str | None = ...,
+) -> GuardedStep[P, R]: ...
+
+
+def guarded(
+    rt: Runtime,
+    tool: Tool[P, Any],
     *,
     wait_seconds: float = DEFAULT_WAIT_S,
     name: str | None = None,
-) -> GuardedStep:
-    """The one line: ``send = guarded(rt, send_email)``, then ``send(...)`` in a workflow."""
+) -> GuardedStep[P, Any]:
+    """The one line: ``send = guarded(rt, send_email)``, then ``send(...)`` in a workflow: typed
+    from the tool, so mypy checks ``send``'s arguments and result as it checks ``ctx.call``'s."""
     return GuardedStep(rt, tool, wait_seconds=wait_seconds, name=name)
 
 
