@@ -6,6 +6,7 @@ The public API is re-exported here; everything else lives in subpackages.
 from effectflow.contracts.loader import ContractSet, load_contracts, parse_contracts
 from effectflow.contracts.lookup import Lookup, LookupStatus
 from effectflow.contracts.precondition import Expect
+from effectflow.contracts.redaction import Redact
 from effectflow.contracts.tool import (
     CommitSemantics,
     Compensation,
@@ -105,6 +106,7 @@ __all__ = [
     "NextAction",
     "NotCommitted",
     "OutcomeUnknown",
+    "Redact",
     "Rejected",
     "ResultNotRecordable",
     "RetryBudgetExhausted",

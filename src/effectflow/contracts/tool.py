@@ -12,11 +12,11 @@ import dataclasses
 import enum
 import inspect
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Generic, Literal, ParamSpec, TypeVar
 
 from effectflow import errors
-from effectflow.contracts import durations
+from effectflow.contracts import durations, redaction
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -220,6 +220,9 @@ class ToolContract:
     #: arguments in the same scope. Off by default: a call regenerated with a new id after the
     #: host lost the model's turn is the same logical operation, not done twice.
     each_call_new: bool = False
+    #: What a step records of the arguments without their values (docs/arguments.md): fields
+    #: dropped or masked. The digests and the key are computed before it: display only.
+    redact: redaction.Redact | None = None
 
     @property
     def settles_within_seconds(self) -> float | None:
@@ -315,6 +318,8 @@ class Tool(Generic[P, R]):
         #: refuse the call): the runtime passes one bounded by its lease and the tool's timeout.
         self.takes_deadline = "deadline" in params
         self._check_not_found_can_be_proof()
+        if contract.redact is not None:
+            redaction.check_parameters(contract.redact, self.signature, contract.ref)
         self.__doc__ = fn.__doc__
         self.__name__ = getattr(fn, "__name__", contract.name)
         self.__qualname__ = getattr(fn, "__qualname__", contract.name)
@@ -403,6 +408,15 @@ def _ref_of(tool: Tool[..., Any] | str | None) -> str | None:
     return tool.ref
 
 
+def _redact_of(
+    name: str, given: redaction.Redact | Mapping[str, Any] | None
+) -> redaction.Redact | None:
+    try:
+        return redaction.Redact.of(given)
+    except errors.ContractError as exc:
+        raise errors.ContractError(f"tool {name}: {exc.message}") from None
+
+
 def tool(
     name: str,
     *,
@@ -424,6 +438,7 @@ def tool(
     durable: bool = False,
     settles_within: str | float | None = None,
     each_call_new: bool = False,
+    redact: redaction.Redact | Mapping[str, Any] | None = None,
     register: bool = True,
 ) -> Callable[[Callable[P, R]], Tool[P, R]]:
     """Declare a tool and its side-effect contract (docs/concepts.md#what-a-tool-tells-the-runtime).
@@ -463,6 +478,7 @@ def tool(
         durable=durable,
         settles_within=settles_within,
         each_call_new=each_call_new,
+        redact=_redact_of(name, redact),
     )
 
     def decorate(fn: Callable[P, R]) -> Tool[P, R]:

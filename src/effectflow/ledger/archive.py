@@ -247,9 +247,16 @@ def check_records(store: Any, key: bytes | None) -> tuple[set[str], list[audit.P
     return excused, problems
 
 
+def _record_of(name: str, row: Mapping[str, Any]) -> Any:
+    """A row of an archive file as its record; a file written before a column existed (a step's
+    arguments, version 11) has none for it, read as NULL."""
+    fields, make = _TABLES[name.split(":", 1)[0]]
+    return make({**{rowmap.column(f): None for f in fields}, **row})
+
+
 def _material_of(entry: Mapping[str, Any]) -> audit.Material:
     """The ``Material`` ``verify_run`` reads, rebuilt from one line of an archive file."""
-    rows = {name: _TABLES[name.split(":", 1)[0]][1](row) for name, row in entry["rows"].items()}
+    rows = {name: _record_of(name, row) for name, row in entry["rows"].items()}
     run = next(r for name, r in rows.items() if name.startswith("runs:"))
     seals = [{**s, "rows": json.loads(s["rows_json"])} for s in entry["seals"]]
     record = entry["record"]

@@ -298,6 +298,10 @@ class StepRecord:
     compensates: str | None = None
     #: The approval the call ran under, when one was needed.
     approval_id: str | None = None
+    #: What was sent: the canonical arguments with the tool's redaction rule applied, or a marker
+    #: over the cap (``contracts.redaction``; display only, never read back to call). None for a
+    #: step recorded before ledger version 11.
+    arguments: Any = None
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready view."""

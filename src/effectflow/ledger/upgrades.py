@@ -3,8 +3,9 @@ some of them need after their SQL, in the same transaction.
 
 The runner is ``SQLCore.migrate``; what each version changed is said at the top of its SQL file.
 Version 8 on PostgreSQL rewrites every JSON column's text (``canonical_json_columns``); version 9's
-work is all Python and shared by both dialects (``SQLCore._migrate_awaiting_approval``): its
-scripts hold only comments.
+work is all Python and shared by both dialects (``SQLCore._migrate_awaiting_approval``, run once
+every pending script is applied, since it writes with today's statements): its scripts hold only
+comments. Version 11 adds a step's ``arguments_json`` column (NULL for older steps).
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ def split_sqlite_script(sql: str) -> list[str]:
 
 def has_statements(sql: str) -> bool:
     """Whether a migration's script holds a statement, not only comments (version 9's work is
-    all in Python: ``SQLCore._after_migration``)."""
+    all in Python: ``SQLCore._through_write_path``)."""
     return any(line.strip() and not line.strip().startswith("--") for line in sql.splitlines())
 
 
@@ -89,5 +90,5 @@ def canonical_json_columns(conn: Any) -> None:
 
 
 #: Python that a PostgreSQL migration needs after its SQL, in its transaction (each takes the
-#: transaction's psycopg connection). The steps both dialects share are ``SQLCore._after_migration``.
+#: transaction's psycopg connection). The steps both dialects share are ``SQLCore._through_write_path``.
 POSTGRES_AFTER: dict[int, Callable[[Any], None]] = {8: canonical_json_columns}

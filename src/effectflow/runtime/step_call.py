@@ -38,6 +38,9 @@ class StepCall:
     request_digest: str
     #: The canonical arguments (a new call's; a recorded step's are not kept).
     payload: dict[str, Any]
+    #: What the step records of them (``redaction.recorded``); None for a recorded step's call,
+    #: which keeps what it recorded.
+    arguments: Any = None
 
     def __init__(
         self,
@@ -226,7 +229,12 @@ class StepCall:
         st = self.state
         if existing is not None:
             return records.evolve(
-                existing, status=status, output=output, error=error, updated_at=now
+                existing,
+                status=status,
+                output=output,
+                error=error,
+                updated_at=now,
+                arguments=existing.arguments if self.arguments is None else self.arguments,
             )
         previous = st.steps.get(self.step_id)
         if previous is not None:  # a new revision of a step keeps its place in the run
@@ -236,6 +244,7 @@ class StepCall:
                 logical_operation_id=None,
                 idempotency_key=None,
                 request_digest=self.request_digest,
+                arguments=self.arguments,
                 status=status,
                 completion_state=None,
                 external_effect_id=None,
@@ -273,6 +282,7 @@ class StepCall:
             created_at=now,
             updated_at=now,
             compensates=None if self.compensates is None else self.compensates.effect_id,
+            arguments=self.arguments,
         )
 
     def recordable(self, value: Any) -> Any:

@@ -10,6 +10,7 @@ takes its own path (``pure_steps``, ``local_transaction``, ``write_path``).
 from __future__ import annotations
 
 from effectflow import digests, errors
+from effectflow.contracts import redaction
 from effectflow.contracts.tool import CommitSemantics
 from effectflow.ledger import records
 from effectflow.ledger.records import StepStatus
@@ -66,6 +67,8 @@ def run(call: StepCall) -> machine_io.Machine:
         )
     call.payload = payload
     call.request_digest = "sha256:" + digests.sha256_hex(text)
+    # What the step records of its arguments: after the digest, which is the unredacted call's.
+    call.arguments = redaction.recorded(payload, call.contract.redact, call.request_digest)
     existing = st.steps.get(call.step_id)
     if (
         existing is not None

@@ -31,6 +31,9 @@ def row_digest(table: str, record: Any) -> str:
     # The record's own fields, shallow (no deep copy: canonical JSON walks nested values once;
     # enums are strings to it). This runs for every row of every write: keep it lean.
     data: dict[str, Any] = record.__dict__
+    late = [k for k in _LATE.get(table, ()) if k in data and data[k] is None]
+    if late:  # sealed (version 7) before the column existed
+        data = {k: v for k, v in data.items() if k not in late}
     volatile = _VOLATILE.get(table)
     if volatile:
         data = {k: v for k, v in data.items() if k not in volatile}
@@ -45,7 +48,12 @@ def row_digest(table: str, record: Any) -> str:
 #: The record type each sealed table holds (its fields are the table's columns, in this order).
 _RECORDS: dict[str, type] = {}
 #: Fields stored as canonical JSON text (``<field>_json`` columns).
-JSON_FIELDS = frozenset({"input", "output", "error", "evidence", "control", "detail"})
+JSON_FIELDS = frozenset({"input", "output", "error", "evidence", "control", "detail", "arguments"})
+#: Per table: the columns added after seals began (the last of the record's fields), each with
+#: the version that added it. A row sealed before its column existed was digested without it; a
+#: NULL in that column is digested the same way, so those seals still verify, and any value set
+#: there since is an edit. (Steps' ``arguments``: version 11.)
+_LATE = {"steps": ("arguments",)}
 #: Per table: the record's field names, and the positions of its float fields (times).
 _LAYOUT: dict[str, tuple[tuple[str, ...], tuple[int, ...]]] = {}
 
@@ -82,6 +90,9 @@ def values_digest(table: str, values: list[Any]) -> str:
     A time is a float either way (SQLite hands a whole REAL back as an int; a test clock may give
     an int)."""
     floats = _layout(table)[1]
+    late = _LATE.get(table)
+    if late:
+        values = _without_late(values, len(late))
     for i in floats:
         if type(values[i]) is int:
             values = [
@@ -93,6 +104,16 @@ def values_digest(table: str, values: list[Any]) -> str:
     # no key to sort, so the plain encoder prints them the one way.)
     text = table + _PLAIN.encode(values)
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:32]
+
+
+def _without_late(values: list[Any], count: int) -> list[Any]:
+    """``values`` without its trailing late columns that are NULL (the last first: a column added
+    later is only left out when the ones after it are too)."""
+    end = len(values)
+    while count and end and values[end - 1] is None:
+        end -= 1
+        count -= 1
+    return values if end == len(values) else values[:end]
 
 
 #: A list of scalars prints the same with or without sorted keys; without, the C encoder's

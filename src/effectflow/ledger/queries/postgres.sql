@@ -82,8 +82,8 @@ INSERT INTO steps (run_id, step_id, seq, step_revision, tool, effect_class, logi
                    idempotency_key, request_digest, status, completion_state, external_system,
                    external_effect_id, output_json, error_json, effect_id, confirmed_at, next_step,
                    compensation_status, next_action, created_at, updated_at, required_state,
-                   compensates, approval_id)
-VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
+                   compensates, approval_id, arguments_json)
+VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
 ON CONFLICT (run_id, step_id) DO UPDATE SET
     seq = excluded.seq, step_revision = excluded.step_revision, tool = excluded.tool,
     effect_class = excluded.effect_class, logical_operation_id = excluded.logical_operation_id,
@@ -95,7 +95,8 @@ ON CONFLICT (run_id, step_id) DO UPDATE SET
     next_step = excluded.next_step, compensation_status = excluded.compensation_status,
     next_action = excluded.next_action, created_at = excluded.created_at,
     updated_at = excluded.updated_at, required_state = excluded.required_state,
-    compensates = excluded.compensates, approval_id = excluded.approval_id;
+    compensates = excluded.compensates, approval_id = excluded.approval_id,
+    arguments_json = excluded.arguments_json;
 
 -- name: upsert_attempt
 -- run_id, step_id and number never change after the insert: left out of the SET list, as on
