@@ -30,13 +30,14 @@ from collections.abc import Collection, Iterator, Mapping
 from typing import Any, Protocol
 
 from effectflow import digests, errors
+from effectflow.contracts import redaction
 from effectflow.contracts import workflow as workflow_mod
 from effectflow.contracts.registry import Registry
 from effectflow.contracts.tool import Tool
 from effectflow.ledger import records
 from effectflow.ledger.records import RunStatus, StepStatus
 from effectflow.ledger.store import LedgerStore
-from effectflow.runtime import guard_input
+from effectflow.runtime import driver, guard_args, guard_input
 from effectflow.runtime.context import Context
 
 #: The built-in workflow every guarded call runs as.
@@ -110,14 +111,29 @@ def _run(
     call_id: str,
     new_request: bool = False,
     operation: str | None = None,
+    request_digest: str | None = None,
 ) -> Any:
     """The built-in workflow: one step, the contracted call, under the logical operation its
     first call decided (``operation``; runs recorded before it existed derive it).
+
+    Since ledger version 11 the input holds the arguments as the tool's redaction rule shows them,
+    and the ``request_digest`` of the whole call: when they are not the whole call, the host that
+    holds them makes it (``guard_args``), never this run with the redacted ones.
 
     Two calls of one operation that reach their intents at the same moment (a call and its
     regenerated copy, from two hosts) cannot both bind it: the ledger refuses the second binding
     in its transaction. That one then waits for the first to settle and is answered by it."""
     made = ctx._port.registry.tool(tool)
+    if request_digest is not None and _digest(made, arguments) != request_digest:
+        whole = guard_args.sent(request_digest)
+        if whole is None:
+            done = guard_args.recorded_result(ctx._state, STEP_ID, request_digest)
+            if done is not guard_args.NOT_DONE:
+                return done
+            driver.drive(
+                ctx._port, ctx._state, guard_args.wait_for_host(ctx._port, ctx._state, STEP_ID)
+            )
+        arguments = whole if whole is not None else arguments
     op_id = operation or operation_id(made, arguments, scope, call_id, new_request=new_request)
     deadline = time.monotonic() + IN_PROGRESS_WAIT
     while True:
@@ -129,7 +145,7 @@ def _run(
             if (
                 binding is None
                 or binding.run_id == ctx.run_id
-                or binding.request_digest != request_digest(made, arguments)
+                or binding.request_digest != _digest(made, arguments)
                 or time.monotonic() > deadline
                 or STEP_ID in ctx._state.steps
             ):
@@ -146,6 +162,9 @@ def request_digest(tool: Tool[..., Any], arguments: dict[str, Any]) -> str:
     """The digest the write path computes for this call (positional or keyword alike)."""
     payload = digests.to_jsonable(tool.bind_arguments((), arguments), path=f"{tool.name}.args")
     return "sha256:" + digests.sha256_hex(digests.canonical_json(payload))
+
+
+_digest = request_digest  # ``_run`` has a parameter of that name
 
 
 def operation_id(
@@ -213,13 +232,35 @@ def call(
             "was recorded"
         )
     run_id = run_id_of(rt.tenant, scope, call_id)
+    digest = request_digest(made, normalized)
     input: dict[str, Any] = {
         "tool": made.ref,
-        "arguments": normalized,
+        "arguments": redaction.apply(normalized, made.contract.redact),  # what is shown
+        "request_digest": digest,
         "scope": scope,
         "call_id": call_id,
     }
     recorded = rt.store.get_run(run_id, tenant=rt.tenant)
+    if recorded is not None and "request_digest" not in recorded.input:
+        # Recorded before ledger version 11: the whole arguments, no digest; replayed as it is.
+        input["arguments"] = normalized
+        del input["request_digest"]
+    with guard_args.held(digest, normalized):  # the workflow makes the call with them
+        return _start(rt, made, normalized, input, recorded, known_call_ids, new_request)
+
+
+def _start(
+    rt: Host,
+    made: Tool[..., Any],
+    normalized: dict[str, Any],
+    input: dict[str, Any],
+    recorded: records.RunRecord | None,
+    known_call_ids: Collection[str],
+    new_request: bool,
+) -> Guarded:
+    """The guarded call's run started, replayed or answered, once its input is known."""
+    scope, call_id = input["scope"], input["call_id"]
+    run_id = run_id_of(rt.tenant, scope, call_id)
     if recorded is not None:
         # A replay: the operation was decided, and recorded, at the first call.
         for name in ("new_request", "operation"):
@@ -338,15 +379,24 @@ def _same_calls(
 ) -> list[records.RunRecord]:
     """The scope's other guarded calls of this tool with these canonical arguments, oldest
     first (a scope — a thread, a session — holds few calls; its runs are indexed by scope)."""
+    digest = request_digest(tool, arguments)
     found = [
         run
         for run in rt.store.list_runs(tenant=rt.tenant, scope=scope, limit=10_000)
         if run.run_id != run_id
         and run.workflow == WORKFLOW_NAME
         and str(run.input.get("tool", "")).split("@", 1)[0] == tool.name
-        and run.input.get("arguments") == arguments
+        and _same_request(run, arguments, digest)
     ]
     return sorted(found, key=lambda r: r.created_at)
+
+
+def _same_request(run: records.RunRecord, arguments: dict[str, Any], digest: str) -> bool:
+    """Whether a guarded call's run recorded this request: by its request digest (its recorded
+    arguments may be redacted), or by its arguments when recorded before version 11."""
+    if "request_digest" in run.input:
+        return bool(run.input["request_digest"] == digest)
+    return bool(run.input.get("arguments") == arguments)
 
 
 def _one_per_effect(family: list[records.RunRecord]) -> list[records.RunRecord]:
@@ -438,7 +488,9 @@ def _still_running(tool: Tool[..., Any], scope: str, original: records.RunRecord
 
 def answer(rt: Host, run: records.RunRecord) -> Guarded:
     """What the host gets for the guarded call's run as it stands."""
-    if run.status is RunStatus.PAUSED and (_settled_since(rt, run) or _in_doubt(run)):
+    if run.status is RunStatus.PAUSED and (
+        _settled_since(rt, run) or _in_doubt(run) or _waits_for_host(run)
+    ):
         # Settled by a person since: go on. Still in doubt: a replay looks it up once more (the
         # provider may answer now) before a person is asked again.
         run = rt.resume(run.run_id, by="guarded call")
@@ -483,6 +535,11 @@ def answer(rt: Host, run: records.RunRecord) -> Guarded:
         run_id=run.run_id,
         step_id=STEP_ID,
     )
+
+
+def _waits_for_host(run: records.RunRecord) -> bool:
+    """Paused by a process without the call's whole arguments: the host's replay continues it."""
+    return (run.error or {}).get("code") == guard_args.NEEDS_HOST
 
 
 def _in_doubt(run: records.RunRecord) -> bool:
