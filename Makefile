@@ -35,8 +35,12 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff format --check $(LINTED)
 	$(VENV)/bin/mypy
 
+# The suite runs in TEST_PROCESSES processes (pytest-xdist; each test keeps its own ledger and
+# PostgreSQL database, so they do not meet). `make test TEST_PROCESSES=0` runs it in this one.
+TEST_PROCESSES ?= 2
+
 test: lint
-	$(PY) -m pytest
+	$(PY) -m pytest -n $(TEST_PROCESSES)
 
 # The documentation site and its API reference (mkdocs.yml) into site/. --strict fails on a broken
 # link, a docstring naming an object that does not exist, a malformed docstring section.
