@@ -118,6 +118,15 @@ def test_every_public_name_is_in_the_reference(site: Path) -> None:
     assert _missing(modules, _inventory(site)) == []
 
 
+def test_the_package_page_lists_every_top_level_name() -> None:
+    """docs/reference/effectflow.md says on which page each name of ``effectflow.__all__`` is."""
+    page = (ROOT / "docs" / "reference" / "effectflow.md").read_text(encoding="utf-8")
+    unlisted = [
+        n for n in _public_names("effectflow") if n != "__version__" and f"`{n}`" not in page
+    ]
+    assert unlisted == []
+
+
 def test_the_reference_links_what_docstrings_name(site: Path) -> None:
     """A docstring's ``:class:`ProviderTimeout``` becomes a link to where the reference documents it."""
     page = (site / "reference" / "testing.html").read_text(encoding="utf-8")
