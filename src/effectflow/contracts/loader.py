@@ -24,13 +24,14 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import inspect
 import os
 import pathlib
 from collections.abc import Callable
 from typing import Any, ParamSpec, TypeVar
 
 from effectflow import errors
-from effectflow.contracts import _schema_errors, _semantic_checks, _yaml_lines, registry
+from effectflow.contracts import _schema_errors, _semantic_checks, _yaml_lines, redaction, registry
 from effectflow.contracts import tool as tool_mod
 from effectflow.contracts import workflow as workflow_mod
 
@@ -56,6 +57,9 @@ class ContractSet:
     steps: dict[tuple[str | None, str], workflow_mod.StepContract] = dataclasses.field(
         default_factory=dict
     )
+    #: Where each tool's redaction rule is written (``file:line``), by ``name@version``: a path
+    #: naming no parameter is found when a function is decorated, and reported there.
+    redact_at: dict[str, str] = dataclasses.field(default_factory=dict)
 
     def contract(self, ref: str) -> tool_mod.ToolContract:
         """The tool contract for ``name@version``, or for a bare name loaded in one version only.
@@ -92,6 +96,14 @@ class ContractSet:
         contract = self.contract(ref)
 
         def decorate(fn: Callable[P, R]) -> tool_mod.Tool[P, R]:
+            if contract.redact is not None:
+                try:
+                    redaction.check_parameters(contract.redact, inspect.signature(fn), contract.ref)
+                except errors.ContractError as exc:
+                    where = self.redact_at.get(contract.ref, "<contracts>")
+                    raise errors.ContractError(
+                        f"{where}: side_effect_contract.redact: {exc.message}"
+                    ) from None
             made = tool_mod.Tool(fn, contract)
             if register:
                 registry.DEFAULT.add_tool(made)
@@ -189,6 +201,9 @@ def _build(entries: list[_yaml_lines.Entry], problems: list[errors.ContractProbl
             if entry.kind == _schema_errors.TOOL:
                 made = _tool_contract(entry)
                 contracts.tools.setdefault(made.ref, made)
+                if made.redact is not None:
+                    at = entry.line("redact")
+                    contracts.redact_at.setdefault(made.ref, f"{entry.filename}:{at}")
             else:
                 key = (entry.body.get("workflow"), entry.body["step_id"])
                 contracts.steps.setdefault(key, _step_contract(entry))
@@ -222,6 +237,9 @@ def _tool_contract(entry: _yaml_lines.Entry) -> tool_mod.ToolContract:
     retry = tool_mod.RetryPolicy()
     if "retry" in body:
         retry = _attempt(entry, ("retry",), lambda: tool_mod.RetryPolicy(**body["retry"]))
+    redact = None
+    if "redact" in body:
+        redact = _attempt(entry, ("redact",), lambda: redaction.Redact.of(body["redact"]))
     audit = body.get("audit", {})
     contract = tool_mod.ToolContract(
         name=name,
@@ -244,6 +262,7 @@ def _tool_contract(entry: _yaml_lines.Entry) -> tool_mod.ToolContract:
         record_response_digest=audit.get("record_response_digest", True),
         approval=entry.get("approval", "required"),
         cancel=recovery.get("cancel_tool"),
+        redact=redact,
     )
     _attempt(entry, (), contract.validate)
     return contract
