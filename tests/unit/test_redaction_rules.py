@@ -62,7 +62,7 @@ def test_a_mapping_is_the_same_rule() -> None:
             ef.Redact(drop=["tokn"]),
             "redact path 'tokn' names no parameter of the tool (its "
             "parameters: amount, card, token, idempotency_key)",
-        ),  # fmt: skip
+        ),
         ({"mask": ["cardd.number"]}, "redact path 'cardd.number' names no parameter"),
         ({"drop": "token"}, "must be a list of field paths"),
         ({"drop": ["card..x"]}, "is not a parameter name or a dotted path"),
