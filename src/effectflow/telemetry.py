@@ -14,11 +14,12 @@ never argument values, idempotency keys, evidence or outputs.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import weakref
-from collections.abc import Generator, Mapping
-from typing import Any, Protocol, TypeVar
+from collections.abc import Callable, Generator, Mapping
+from typing import Any, ParamSpec, Protocol, TypeVar
 
 __all__ = [
     "attempt_ended",
@@ -91,6 +92,40 @@ _FROM_ENV = bool(
 )
 
 
+_P = ParamSpec("_P")
+#: The hooks whose failure was reported (once each: a broken exporter must not flood the log).
+_reported: set[str] = set()
+
+
+def _shielded(hook: Callable[_P, None]) -> Callable[_P, None]:
+    """``hook``, unable to fail the run it observes.
+
+    The hooks run inside the write path (an attempt's span ends between the provider's answer and
+    the outcome's record): an exception from the application's span processor, exporter or
+    propagator raised there would leave a committed effect in doubt. Telemetry is an observer, so
+    its failure is logged once per hook and the run goes on."""
+
+    @functools.wraps(hook)
+    def shielded(*args: _P.args, **kwargs: _P.kwargs) -> None:
+        try:
+            hook(*args, **kwargs)
+        except Exception:
+            _failed(hook.__name__)
+
+    return shielded
+
+
+def _failed(where: str) -> None:
+    if where not in _reported:
+        _reported.add(where)
+        logging.getLogger("effectflow.telemetry").warning(
+            "OpenTelemetry raised in effectflow's %s hook; the run goes on without it (reported "
+            "once per hook)",
+            where,
+            exc_info=True,
+        )
+
+
 def _load() -> bool:
     """Import the OpenTelemetry API once; False (and every hook a no-op) when it is missing."""
     global _loaded, _trace, _metrics, _context, _metrics_internal
@@ -123,7 +158,7 @@ def _on() -> bool:
         or _configured(_metrics_internal, "_METER_PROVIDER", _metrics.get_meter_provider)
     )
     if _active:
-        _gauges()
+        _shielded(_gauges)()
     return _active
 
 
@@ -215,6 +250,7 @@ def _detach(key: tuple[str, ...]) -> None:
         _context.detach(token)
 
 
+@_shielded
 def inject(headers: dict[str, str]) -> None:
     """Add the current trace context (``traceparent``, ``tracestate``: the propagators the
     application configured) to an outgoing request's ``headers``; a header already set is kept."""
@@ -230,6 +266,7 @@ def inject(headers: dict[str, str]) -> None:
 # -- the hooks the runtime calls -------------------------------------------------------------------
 
 
+@_shielded
 def run_started(run_id: str, workflow: str) -> None:
     """A pass of the executor over a run begins (its span parents the steps it drives)."""
     if _on():
@@ -239,10 +276,11 @@ def run_started(run_id: str, workflow: str) -> None:
 def run_ended(run: _R) -> _R:
     """The pass ends with ``run`` (returned as it is): its status as this pass leaves it."""
     if _active:
-        _end((run.run_id,), run_status=run.status.value)
+        _shielded(_end)((run.run_id,), run_status=run.status.value)
     return run
 
 
+@_shielded
 def run_left(run_id: str) -> None:
     """The pass ends by an exception (a lost lease, a crash injected in a test): its span ends."""
     if _active:
@@ -265,7 +303,7 @@ def _traced_step(
     import time
 
     key = (run_id, step_id)
-    _start(key, (run_id,), "effectflow.step", run_id=run_id, step_id=step_id, tool=tool)
+    _shielded(_start)(key, (run_id,), "effectflow.step", run_id=run_id, step_id=step_id, tool=tool)
     began = time.perf_counter()
     outcome = "error"
     try:
@@ -282,13 +320,19 @@ def _traced_step(
             outcome = "paused"
         raise
     finally:
-        _instrument("effectflow.step.duration").record(
-            time.perf_counter() - began, _attrs({"tool": tool, "outcome": outcome})
-        )
-        _detach((run_id, step_id, "attempt"))
-        _end(key, outcome=outcome)
+        _step_ended(key, tool, outcome, time.perf_counter() - began)
 
 
+@_shielded
+def _step_ended(key: tuple[str, str], tool: str, outcome: str, seconds: float) -> None:
+    _instrument("effectflow.step.duration").record(
+        seconds, _attrs({"tool": tool, "outcome": outcome})
+    )
+    _detach((*key, "attempt"))
+    _end(key, outcome=outcome)
+
+
+@_shielded
 def attempt_started(run_id: str, step_id: str, tool: str, number: int) -> None:
     """A call to the provider is about to be sent: its span is made current until its outcome,
     so the tool's own instrumentation, and ``inject`` (an HTTP tool's ``traceparent``), see it."""
@@ -306,6 +350,7 @@ def attempt_started(run_id: str, step_id: str, tool: str, number: int) -> None:
         _attached[key] = _context.attach(_trace.set_span_in_context(_open[key]))
 
 
+@_shielded
 def attempt_ended(run_id: str, step_id: str, tool: str, outcome: str) -> None:
     """The call's outcome (committed, not_committed, unknown) is known and about to be recorded."""
     if _active:
@@ -314,6 +359,7 @@ def attempt_ended(run_id: str, step_id: str, tool: str, outcome: str) -> None:
         _instrument("effectflow.attempts").add(1, _attrs({"tool": tool, "outcome": outcome}))
 
 
+@_shielded
 def lookup_started(run_id: str, step_id: str, tool: str, lookup_tool: str) -> None:
     """The contract's lookup tool is about to be asked about a step in doubt."""
     if _on():
@@ -328,6 +374,7 @@ def lookup_started(run_id: str, step_id: str, tool: str, lookup_tool: str) -> No
         )
 
 
+@_shielded
 def lookup_ended(run_id: str, step_id: str, tool: str, result: str) -> None:
     """The lookup's answer (confirmed, not_committed, unknown, ...) is known."""
     if _active:
@@ -335,6 +382,7 @@ def lookup_ended(run_id: str, step_id: str, tool: str, result: str) -> None:
         _instrument("effectflow.lookups").add(1, _attrs({"tool": tool, "result": result}))
 
 
+@_shielded
 def claimed(run_id: str, previous_owner: str | None, owner: str) -> None:
     """A run's lease was claimed here; held before by another owner (expired, or its process
     gone), that is a takeover."""
@@ -342,6 +390,7 @@ def claimed(run_id: str, previous_owner: str | None, owner: str) -> None:
         _instrument("effectflow.lease.takeovers").add(1, {})
 
 
+@_shielded
 def watch(runtime: _Watched) -> None:
     """Report ``runtime``'s effects in doubt and effects waiting for a person as gauges, read
     from its ledger only when the metrics are collected (nothing is counted on the hot path)."""
@@ -398,6 +447,7 @@ def _observer(read: Any) -> Any:
     return observe
 
 
+@_shielded
 def decided(
     run_id: str,
     step_id: str,

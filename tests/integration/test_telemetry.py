@@ -30,7 +30,7 @@ from opentelemetry.sdk.metrics.export import (
     MetricsData,
     PeriodicExportingMetricReader,
 )
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
@@ -616,3 +616,43 @@ def test_a_periodic_exporter_reads_the_gauges_from_its_own_thread_while_runs_wri
         telemetry.use()
         meter_provider.shutdown()
     assert len(provider.notifications()) == 25
+
+
+class _Broken(SpanProcessor):
+    """An application's span processor with a bug: it raises on every span."""
+
+    def on_start(self, span: Any, parent_context: Any = None) -> None:
+        raise RuntimeError("the processor's bug (on_start)")
+
+    def on_end(self, span: ReadableSpan) -> None:
+        raise RuntimeError("the processor's bug (on_end)")
+
+
+def test_a_span_processor_that_raises_does_not_fail_the_run_or_put_its_effect_in_doubt(
+    tmp_path: Path, provider: NotifyProvider, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Telemetry is an observer: a processor raising inside the write path (the attempt's span
+    ends between the provider's answer and the outcome's record) must leave the run as it would
+    be without it — one post, confirmed, no lookup — and say once per hook what broke."""
+    tracer_provider = TracerProvider()
+    tracer_provider.add_span_processor(_Broken())
+    telemetry.use(tracer_provider=tracer_provider)
+    try:
+        with (
+            caplog.at_level(logging.WARNING, logger="effectflow.telemetry"),
+            ef.Runtime(f"sqlite:///{tmp_path / 'ledger.db'}") as rt,
+        ):
+            for n in range(3):
+                run = rt.start(tel_undoable_flow, run_id=f"tel-b{n}", channel="#c")
+                assert run.status is ef.RunStatus.SUCCEEDED, run.error
+                [step] = rt.steps(f"tel-b{n}")
+                assert step.status is ef.StepStatus.CONFIRMED
+                assert [a.outcome for a in rt.attempts(f"tel-b{n}")] == ["committed"]
+    finally:
+        telemetry.use()
+        tracer_provider.shutdown()
+    assert len(provider.notifications()) == 3
+    hooks = [r.getMessage() for r in caplog.records]
+    assert hooks, "the failure is said"
+    assert len(hooks) == len(set(hooks)), "once per hook, not once per span"
+    assert all("the run goes on without it" in h for h in hooks)
