@@ -16,6 +16,8 @@ from rich.table import Table
 from rich.text import Text
 from rich.tree import Tree
 
+from effectflow import digests
+
 if TYPE_CHECKING:
     from effectflow.ledger import records
     from effectflow.runtime import views
@@ -79,6 +81,19 @@ def details(detail: dict[str, Any], width: int = 96) -> str:
     """An audit event's details as ``key=value`` pairs on one line."""
     line = "  ".join(f"{k}={short(v, 40)}" for k, v in detail.items() if v is not None)
     return line if len(line) <= width else line[: width - 1] + "…"
+
+
+#: How much of a step's recorded arguments a line shows (``--json`` shows them all).
+ARGUMENTS_WIDTH = 400
+
+
+def arguments(value: dict[str, Any]) -> str:
+    """A step's recorded arguments (already redacted and capped) as canonical JSON on one line,
+    cut past ``ARGUMENTS_WIDTH`` characters with the full size said."""
+    text = digests.canonical_json(value)
+    if len(text) <= ARGUMENTS_WIDTH:
+        return text
+    return f"{text[: ARGUMENTS_WIDTH - 1]}… ({len(text)} characters; --json shows them all)"
 
 
 def error(err: dict[str, Any] | None) -> str:
@@ -168,6 +183,8 @@ def _step(view: views.StepView) -> Tree:
     if step.error:
         head.append(f"  {error(step.error)}", style="red")
     node = Tree(head)
+    if step.arguments is not None:
+        node.add(Text(f"arguments {arguments(step.arguments)}", style="cyan"))
     for attempt in view.attempts:
         node.add(_attempt(attempt))
     if view.effect is not None:
@@ -239,7 +256,7 @@ def effects_table(effects: Sequence[records.EffectRecord]) -> Table:
 def attention_table(items: Sequence[views.AttentionItem]) -> Table:
     """``effectflow attention``: what waits for a person, oldest first."""
     table = Table(title=f"{len(items)} item(s) need a person", title_justify="left")
-    for column in ("kind", "run", "step", "effect", "v", "since", "reason", "actions"):
+    for column in ("kind", "run", "step", "effect", "v", "since", "reason", "arguments", "actions"):
         table.add_column(column, overflow="fold")
     for item in items:
         table.add_row(
@@ -250,6 +267,7 @@ def attention_table(items: Sequence[views.AttentionItem]) -> Table:
             "-" if item.version is None else str(item.version),
             when(item.since),
             item.reason,
+            "-" if item.arguments is None else arguments(item.arguments),
             ", ".join(item.actions),
         )
     return table

@@ -144,7 +144,9 @@ def _redacted(value: dict[str, Any], parts: list[str], *, drop: bool) -> dict[st
     return out
 
 
-def recorded(arguments: Mapping[str, Any], rule: Redact | None, request_digest: str) -> Any:
+def recorded(
+    arguments: Mapping[str, Any], rule: Redact | None, request_digest: str
+) -> dict[str, Any]:
     """What a step records of its canonical ``arguments``: redacted, or the over-cap marker."""
     shown = apply(arguments, rule)
     size = len(digests.canonical_json(shown).encode("utf-8"))

@@ -301,7 +301,7 @@ class StepRecord:
     #: What was sent: the canonical arguments with the tool's redaction rule applied, or a marker
     #: over the cap (``contracts.redaction``; display only, never read back to call). None for a
     #: step recorded before ledger version 11.
-    arguments: Any = None
+    arguments: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready view."""

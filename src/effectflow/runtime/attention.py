@@ -8,6 +8,8 @@ owner is settling it now (docs/concepts.md#no-effect-out-of-sight).
 
 from __future__ import annotations
 
+import dataclasses
+
 from effectflow.ledger import records
 from effectflow.ledger.records import CompensationStatus
 from effectflow.runtime import leases as leases_mod
@@ -45,7 +47,21 @@ def attention(port: Port, held: leases_mod.Leases, *, limit: int) -> list[views.
             if owning is not None:
                 runs_of[owning.run_id] = _view(port, held, owning)
     steps_of = {run.run_id: store.steps(run.run_id) for run in waiting}
-    return views.attention(waiting, steps_of, doubtful + failed, runs_of_effects=runs_of)[:limit]
+    items = views.attention(waiting, steps_of, doubtful + failed, runs_of_effects=runs_of)[:limit]
+    return [_with_arguments(port, item, steps_of) for item in items]
+
+
+def _with_arguments(
+    port: Port, item: views.AttentionItem, steps_of: dict[str, list[records.StepRecord]]
+) -> views.AttentionItem:
+    """The item with what its step was called with, so a person sees what was sent (or would
+    be, for an approval) before deciding."""
+    if item.run_id not in steps_of:
+        steps_of[item.run_id] = port.store.steps(item.run_id)
+    step = next((s for s in steps_of[item.run_id] if s.step_id == item.step_id), None)
+    if step is None or step.arguments is None:
+        return item
+    return dataclasses.replace(item, arguments=step.arguments)
 
 
 def _view(port: Port, held: leases_mod.Leases, run: records.RunRecord) -> views.RunView:

@@ -40,7 +40,7 @@ class StepCall:
     payload: dict[str, Any]
     #: What the step records of them (``redaction.recorded``); None for a recorded step's call,
     #: which keeps what it recorded.
-    arguments: Any = None
+    arguments: dict[str, Any] | None = None
 
     def __init__(
         self,

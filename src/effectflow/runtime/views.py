@@ -140,6 +140,9 @@ class AttentionItem:
     version: int | None
     #: When the item arose (epoch seconds).
     since: float
+    #: What the item's step was called with, as it recorded it (redacted, capped:
+    #: docs/arguments.md); None when the step recorded none (before ledger version 11).
+    arguments: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready view."""
