@@ -8,8 +8,8 @@ leading dot: from the enclosing package down):
 
 - a name found in the package becomes an *optional* reference: a link when the reference documents
   it, its name in code otherwise (a private helper is named, not documented);
-- a name of the package (effectflow) found nowhere becomes a required reference, which autorefs reports as
-  unresolved, so ``mkdocs build --strict`` fails on a docstring that points at nothing;
+- a name of the package (effectflow) found nowhere becomes a required reference, which autorefs
+  reports as unresolved, so ``mkdocs build --strict`` fails on a docstring that points at nothing;
 - a name of another package (``httpx.Timeout``) is optional: it cannot be checked here.
 
 A paragraph ending in the reStructuredText ``::`` (a literal block follows) ends in ``:``.
@@ -24,7 +24,7 @@ from typing import Any
 
 import griffe
 
-_ROLE = re.compile(r":(?:mod|class|func|meth|attr|data|exc|obj|const):`(?P<target>[^`]+)`")
+ROLE = re.compile(r":(?:mod|class|func|meth|attr|data|exc|obj|const):`(?P<target>[^`]+)`")
 _LITERAL_BLOCK = re.compile(r"(?<=\S)::\n(?=\s*\n)")
 
 
@@ -74,7 +74,7 @@ def _resolve(obj: griffe.Object, name: str, collection: griffe.ModulesCollection
     return None
 
 
-def _reference(
+def reference(
     obj: griffe.Object, collection: griffe.ModulesCollection, root: str, role: re.Match[str]
 ) -> str:
     """The cross-reference that replaces one role of ``obj``'s docstring."""
@@ -111,7 +111,7 @@ class SphinxRoles(griffe.Extension):
             todo.extend(obj.members.values())
             if obj.docstring is None:
                 continue
-            value = _ROLE.sub(
-                functools.partial(_reference, obj, collection, pkg.name), obj.docstring.value
+            value = ROLE.sub(
+                functools.partial(reference, obj, collection, pkg.name), obj.docstring.value
             )
             obj.docstring.value = _LITERAL_BLOCK.sub(":\n", value)

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
+import griffe
 import pytest
 import yaml
 
@@ -28,6 +29,7 @@ def _load(name: str) -> ModuleType:
 
 
 coverage = _load("_coverage")
+roles = _load("_sphinx_roles")
 PUBLIC_API = yaml.safe_load((ROOT / "mkdocs.yml").read_text(encoding="utf-8"))["extra"][
     "public_api"
 ]
@@ -78,10 +80,30 @@ def test_the_package_page_lists_every_top_level_name() -> None:
 
 
 def test_the_reference_links_what_docstrings_name(site: Path) -> None:
-    """A docstring's ``:class:`ProviderTimeout``` becomes a link to where the reference documents it."""
+    """A docstring's ``:class:`ProviderTimeout``` is a link to where the reference documents it."""
     page = (site / "reference" / "testing.html").read_text(encoding="utf-8")
     assert ":class:`" not in page
     assert 'href="#effectflow.testing.ProviderTimeout"' in page
+
+
+def test_every_docstring_role_names_an_object() -> None:
+    """Every ``:class:``/``:func:``/``:mod:``… in a docstring of the package names an object that
+    exists, the private modules' too, which the build checks only where the reference renders."""
+    loader = griffe.GriffeLoader(search_paths=[str(SRC)])
+    todo: list[griffe.Object | griffe.Alias] = [loader.load("effectflow")]
+    seen, unresolved = 0, []
+    while todo:
+        obj = todo.pop()
+        if isinstance(obj, griffe.Alias):
+            continue
+        todo.extend(obj.members.values())
+        for role in roles.ROLE.finditer(obj.docstring.value if obj.docstring else ""):
+            seen += 1
+            made = roles.reference(obj, loader.modules_collection, "effectflow", role)
+            if " optional>" not in made:
+                unresolved.append(f"{obj.path}: {role[0]}")
+    assert seen > 100
+    assert unresolved == []
 
 
 TOY = '''\
