@@ -17,9 +17,16 @@ import typer
 
 from effectflow import errors
 from effectflow.runtime.leases import DEFAULT_LEASE_TTL
+from effectflow.runtime.worker import DEFAULT_DRAIN_TIMEOUT
 
 if TYPE_CHECKING:
+    from effectflow.runtime.health import HealthServer
     from effectflow.runtime.runtime import Runtime
+
+#: Exit status when runs were still in progress at the drain deadline.
+EXIT_DRAIN_TIMEOUT = 1
+#: Exit status when the worker could not start (its ledger, its health port).
+EXIT_START = 2
 
 
 def load_app(spec: str) -> Any:
@@ -175,6 +182,27 @@ def worker(
             "default: on for SQLite, off for PostgreSQL), on or off.",
         ),
     ] = "auto",
+    health: Annotated[
+        str | None,
+        typer.Option(
+            "--health",
+            metavar="ADDR",
+            help="Serve GET /healthz (liveness: the claim loop turns) and /readyz (readiness: the "
+            "ledger answers at this code's schema version, not draining) on ADDR, HOST:PORT or "
+            ":PORT (e.g. 127.0.0.1:8081, :8081). Off by default.",
+        ),
+    ] = None,
+    drain_timeout: Annotated[
+        float,
+        typer.Option(
+            "--drain-timeout",
+            min=0,
+            metavar="SECONDS",
+            help="After SIGTERM, how long runs in progress get to reach a step boundary; then the "
+            "worker exits 1 naming them (their leases pass to another worker). A second "
+            "SIGTERM or Ctrl-C exits at once.",
+        ),
+    ] = DEFAULT_DRAIN_TIMEOUT,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log each run.")] = False,
 ) -> None:
     """Claim runnable runs from the ledger and execute them; SIGTERM drains and exits.
@@ -183,7 +211,7 @@ def worker(
     every write is fenced by the lease token, and runs whose worker died are taken over: at once
     when it was a process on this host (its pid is gone), else once its lease expires. On SIGTERM
     or Ctrl-C the worker stops claiming, lets each run reach its next step boundary, releases it
-    for another worker, and exits 0.
+    for another worker, and exits 0 (1 when --drain-timeout passed first).
     """
     logging.basicConfig(
         level=logging.INFO if verbose else logging.WARNING,
@@ -192,8 +220,34 @@ def worker(
     if group_commit not in ("auto", "on", "off"):
         raise typer.BadParameter("use auto, on or off", param_hint="--group-commit")
     grouped = None if group_commit == "auto" else group_commit == "on"
-    rt = _runtime(app, db, lease_ttl, grouped)
-    _drive(rt, concurrency, until_idle)
+    server = _health_server(health) if health is not None else None
+    try:
+        rt = _runtime(app, db, lease_ttl, grouped)
+    except BaseException:
+        if server is not None:
+            server.close()
+        raise
+    _drive(rt, concurrency, until_idle, drain_timeout, server)
+
+
+def _health_server(address: str) -> HealthServer:
+    """The probes' server, bound before the ledger is opened: a bad address or a port in use
+    stops the worker before it migrates or claims anything."""
+    from effectflow.runtime import health
+
+    try:
+        bind = health.parse_address(address)
+    except errors.ArgumentError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--health") from None
+    try:
+        return health.HealthServer(bind)
+    except OSError as exc:
+        typer.echo(
+            f"effectflow worker: cannot serve --health on {address}: {exc.strerror or exc}; "
+            "nothing was started",
+            err=True,
+        )
+        raise typer.Exit(EXIT_START) from None
 
 
 def _runtime(app: str, db: str, lease_ttl: float, grouped: bool | None) -> Runtime:
@@ -208,30 +262,68 @@ def _runtime(app: str, db: str, lease_ttl: float, grouped: bool | None) -> Runti
         return ef.Runtime(db, lease_ttl=lease_ttl, registry=registry, group_commit=grouped)
     except errors.EffectflowError as exc:
         typer.echo(f"effectflow worker: {exc}", err=True)
-        raise typer.Exit(2) from None
+        raise typer.Exit(EXIT_START) from None
 
 
-def _drive(rt: Runtime, concurrency: int, until_idle: bool) -> None:
+def _drive(
+    rt: Runtime,
+    concurrency: int,
+    until_idle: bool,
+    drain_timeout: float,
+    server: HealthServer | None,
+) -> None:
     """Run the worker until it is idle (``--until-idle``) or drained by SIGTERM / SIGINT, close
-    the runtime, and print what it did."""
+    the runtime, and print what it did.
+
+    Runs still in progress at the drain deadline, or at a second signal, keep their threads, which
+    a normal interpreter exit would wait for: the process ends with ``os._exit`` then, and their
+    leases pass to another worker (at once on this host, where the dead pid is seen).
+    """
     from effectflow.runtime.worker import Worker
 
-    runner = Worker(rt, concurrency=concurrency)
+    runner = Worker(rt, concurrency=concurrency, drain_timeout=drain_timeout)
+    log = logging.getLogger("effectflow.worker")
 
     def drain(signum: int, frame: FrameType | None) -> None:
-        logging.getLogger("effectflow.worker").warning(
-            "signal %d: draining (no new runs; runs in progress are released at their next step)",
+        if runner.stopping:
+            log.warning(
+                "signal %d again: exiting now; runs in progress (%s) pass to another worker",
+                signum,
+                ", ".join(runner.in_flight) or "none",
+            )
+            _exit_now(128 + signum)
+        log.warning(
+            "signal %d: draining (no new runs; runs in progress are released at their next step, "
+            "within %g s)",
             signum,
+            drain_timeout,
         )
         runner.stop()
 
     signal.signal(signal.SIGTERM, drain)
     signal.signal(signal.SIGINT, drain)
+    if server is not None:
+        server.serve(runner)
+        typer.echo(f"effectflow worker: health on {server.where} (/healthz, /readyz)", err=True)
     try:
         stats = runner.run(until_idle=until_idle)
     finally:
-        rt.close()
+        if not runner.stats.abandoned:
+            rt.close()
+            if server is not None:
+                server.close()
+    left = len(stats.abandoned)
     typer.echo(
         f"worker {rt.owner}: claimed {stats.claimed}, finished {stats.finished}, "
         f"released {stats.released}, lost {stats.lost}, crashed {stats.crashed}"
+        + (f", in progress at the drain deadline {left}" if left else "")
     )
+    if left:
+        _exit_now(EXIT_DRAIN_TIMEOUT)
+
+
+def _exit_now(code: int) -> None:
+    """End the process without waiting for the run threads (output flushed first)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
