@@ -316,3 +316,55 @@ def test_a_bad_rule_records_nothing(any_ledger: str) -> None:
             assert conn.execute("SELECT count(*) FROM steps").fetchone() == (0,)
         finally:
             conn.close()
+
+
+@ef.tool("r_draft", redact={"drop": ["api_key"]})
+def draft(name: str, api_key: str) -> str:
+    return f"hello {name}"
+
+
+@ef.tool("r_hold", effect="external_write", commit="local_transaction", redact={"mask": ["pin"]})
+def hold(seat: str, pin: str, *, tx: ef.LocalTransaction) -> dict[str, str]:
+    tx.execute("CREATE TABLE IF NOT EXISTS r_seats (seat TEXT PRIMARY KEY)")
+    tx.execute(f"INSERT INTO r_seats VALUES ('{seat}')")  # a constant here, on both drivers
+    return {"seat": seat}
+
+
+@ef.tool("r_release", effect="external_write", approval=False, redact={"mask": ["slot_id"]})
+def release(slot_id: str) -> dict[str, str]:
+    return {"released": slot_id}
+
+
+@ef.tool(
+    "r_book",
+    effect="external_write",
+    effect_id="slot_id",
+    compensation=ef.Compensation(tool=release, automatic=True),
+    redact={"drop": ["secret"]},
+)
+def book(name: str, secret: str) -> dict[str, str]:
+    return {"slot_id": f"slot-{name}"}
+
+
+@ef.workflow("r_each")
+def each(ctx: ef.Context) -> Any:
+    text = ctx.call("draft", draft, name="li", api_key=TOKEN)
+    ctx.call("hold", hold, seat="12A", pin=CARD)
+    return [text, ctx.call("book", book, name="li", secret=OTHER_TOKEN)]
+
+
+def test_every_kind_of_step_records_its_redacted_arguments(any_ledger: str, tmp_path: Path) -> None:
+    """A pure step, a local transaction, a write and the compensation that answers it each
+    record what they were called with under their tool's rule, and the secrets are nowhere."""
+    with ef.Runtime(any_ledger) as rt:
+        assert rt.start(each, run_id="e").status is ef.RunStatus.SUCCEEDED
+        rt.compensate("e", reason="the customer cancelled")
+        steps = {s.step_id: s for s in rt.store.steps("e")}
+        assert steps["draft"].arguments == {"name": "li"}
+        assert steps["hold"].arguments == {"seat": "12A", "pin": "[masked]"}
+        assert steps["book"].arguments == {"name": "li"}
+        [answer] = [s for s in steps.values() if s.compensates is not None]
+        assert answer.status is ef.StepStatus.CONFIRMED
+        assert answer.arguments == {"slot_id": "[masked]"}
+        assert rt.verify_audit() == []
+    _no_secret("the ledger's storage", _stored_text(any_ledger, tmp_path))
