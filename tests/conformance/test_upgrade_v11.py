@@ -26,6 +26,7 @@ from effectflow.cli import main as cli_main
 from effectflow.ledger import audit
 
 FIXTURE = Path(__file__).parent.parent / "fixtures" / "ledger_v10_arguments.sql"
+ARCHIVE = FIXTURE.parent / "archive_v10.jsonl"
 #: What the providers did after the upgrade (the tools' calls).
 CALLS: list[tuple[str, Any]] = []
 
@@ -141,3 +142,12 @@ def test_the_runs_go_on_and_new_rows_are_sealed_with_their_arguments(v10: str) -
         assert rt.verify_audit() == []
     code, out = _cli(v10, "audit", "verify")
     assert code == 0, out
+
+
+def test_an_archive_file_written_at_version_10_still_verifies() -> None:
+    """``tests/fixtures/archive_v10.jsonl`` (run done, archived by effectflow at the last
+    version-10 commit, unkeyed) has no step arguments: its rows read them as NULL and it verifies
+    on its own."""
+    result = CliRunner().invoke(cli_main.app, ["audit", "verify", "--archive", str(ARCHIVE)])
+    assert result.exit_code == 0, result.output
+    assert "intact" in result.output
