@@ -109,7 +109,9 @@ class Worker:
         )
         self.stats = WorkerStats()
         self._stop = threading.Event()
-        self._lock = threading.Lock()
+        # Reentrant: a signal handler runs on the main thread, perhaps while it holds the lock,
+        # and reads ``in_flight``.
+        self._lock = threading.RLock()
         # Lease owners proven dead on this host, and when the ledger was last asked (monotonic).
         self._dead: list[str] = []
         self._scanned_at: float | None = None
