@@ -176,10 +176,12 @@ def test_probes_pass_while_working_and_readiness_fails_while_draining(
 def test_readiness_names_a_schema_the_code_does_not_write(any_ledger: str, world: Path) -> None:
     """A ledger upgraded past this code under a running worker (a newer effectflow migrated it),
     then one behind it (restored from an older backup): readiness answers 503 naming the version
-    and what to do, liveness stays 200; back at the code's version, ready again."""
+    and what to do, liveness stays 200, and the worker still claims and runs what it is given
+    (nothing re-checks the version: docs/deploy.md says so); back at the code's version, ready."""
     known = upgrades.packaged("sqlite" if any_ledger.startswith("sqlite") else "postgres")[-1]
     raw = ledgers.Raw(any_ledger)
     worker = Proc(any_ledger, world)
+    submitter = ef.Runtime(any_ledger)  # opened before the upgrade, as the old worker was
     try:
         worker.until("/readyz", lambda s, b: s == 200)
         raw.sql("INSERT INTO schema_migrations VALUES (?, ?, 0)", (known[0] + 1, "0099_future"))
@@ -189,6 +191,13 @@ def test_readiness_names_a_schema_the_code_does_not_write(any_ledger: str, world
         assert "upgrade this worker" in newer
         assert body["checks"]["ledger"]["status"] == "ok"
         assert worker.get("/healthz")[0] == 200
+        submitter.submit(app.case, run_id="after-upgrade", case_id="7")
+        deadline = time.monotonic() + 15
+        while raw.sql("SELECT status FROM runs WHERE run_id = ?", ("after-upgrade",)) != [
+            ("succeeded",)
+        ]:
+            assert time.monotonic() < deadline, "the old worker did not run the new run"
+            time.sleep(POLL)
         raw.sql("DELETE FROM schema_migrations WHERE version >= ?", (known[0],))
         body = worker.until("/readyz", lambda s, b: "older" in b["checks"]["schema"]["detail"])
         assert body["status"] == "failing"
@@ -196,6 +205,7 @@ def test_readiness_names_a_schema_the_code_does_not_write(any_ledger: str, world
         raw.sql("INSERT INTO schema_migrations VALUES (?, ?, 0)", (known[0], known[1]))
         worker.until("/readyz", lambda s, b: s == 200)
     finally:
+        submitter.close()
         # Killed: an idle worker on PostgreSQL sees SIGTERM only when its LISTEN wait ends.
         worker.popen.kill()
         worker.finish()
