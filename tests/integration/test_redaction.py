@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import sqlite3
+import time
 import warnings
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ import pytest
 from typer.testing import CliRunner
 
 import effectflow as ef
+from effectflow import testing
 from effectflow.api import create_app
 from effectflow.cli import main as cli_main
 from effectflow.contracts import redaction
@@ -279,6 +281,7 @@ def test_a_guarded_call_continued_without_its_host_waits_for_it(any_ledger: str)
         assert approved.status is ef.RunStatus.PAUSED
         assert (approved.error or {}).get("code") == guard_args.NEEDS_HOST
         assert SENT == []
+        assert rt.attention() == []  # approved: it waits for its host, not for a person
         done = rt.guard(pay, args, scope="h", call_id="c1")
         assert done.value == {"id": "pay-4"}
         assert SENT == [{"amount": 4, "token": GUARD_TOKEN}]
@@ -368,3 +371,59 @@ def test_every_kind_of_step_records_its_redacted_arguments(any_ledger: str, tmp_
         assert answer.arguments == {"slot_id": "[masked]"}
         assert rt.verify_audit() == []
     _no_secret("the ledger's storage", _stored_text(any_ledger, tmp_path))
+
+
+#: The notification provider's records by idempotency key (what its lookup searches).
+NOTIFIED: dict[str, dict[str, Any]] = {}
+
+
+@ef.tool("r_find_notice", effect="read")
+def find_notice(*, idempotency_key: str) -> ef.Lookup:
+    found = NOTIFIED.get(idempotency_key)
+    if found is None:
+        return ef.Lookup.not_committed()
+    return ef.Lookup.confirmed(external_effect_id=found["id"], result=found)
+
+
+@ef.tool(
+    "r_notify",
+    effect="external_write",
+    confirm=find_notice,
+    effect_id="id",
+    settles_within=0,
+    redact={"drop": ["token"]},
+)
+def notify(to: str, token: str, *, idempotency_key: str) -> dict[str, Any]:
+    SENT.append({"to": to, "token": token})
+    NOTIFIED[idempotency_key] = {"id": f"n-{len(NOTIFIED) + 1}", "to": to}
+    return NOTIFIED[idempotency_key]
+
+
+def test_a_guarded_call_in_doubt_is_settled_by_its_lookup_without_its_host(
+    any_ledger: str,
+) -> None:
+    """The host crashed after the provider committed and before the answer was recorded; another
+    process, which never had the token, recovers the run: the lookup (by the recorded key)
+    confirms the effect and the run ends with it, nothing sent again."""
+    NOTIFIED.clear()
+    crash = testing.FaultPlan(
+        [
+            testing.Fault(
+                testing.FaultPoint.AFTER_CALL_BEFORE_RECORD, action=testing.FaultAction.RAISE
+            )
+        ]
+    )
+    args = {"to": "li@example.com", "token": GUARD_TOKEN}
+    with ef.Runtime(any_ledger, faults=crash, lease_ttl=0.2) as host:
+        with pytest.raises(testing.InjectedCrash):
+            host.guard(notify, args, scope="n", call_id="c1")
+        [run] = host.runs(scope="n")
+    assert len(SENT) == 1
+    time.sleep(0.3)  # the crashed host's lease runs out
+    with ef.Runtime(any_ledger) as worker:
+        ended = worker.resume(run.run_id)
+        assert ended.status is ef.RunStatus.SUCCEEDED
+        assert ended.output == {"id": "n-1", "to": "li@example.com"}
+        assert len(SENT) == 1
+        assert _step(worker, run.run_id, "call").arguments == {"to": "li@example.com"}
+        assert worker.verify_audit() == []

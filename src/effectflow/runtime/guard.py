@@ -127,13 +127,12 @@ def _run(
     if request_digest is not None and not _whole(made, arguments, request_digest):
         whole = guard_args.sent(request_digest)
         if whole is None:
-            done = guard_args.recorded_result(ctx._state, STEP_ID, request_digest)
-            if done is not guard_args.NOT_DONE:
-                return done
-            driver.drive(
-                ctx._port, ctx._state, guard_args.wait_for_host(ctx._port, ctx._state, STEP_ID)
+            return driver.drive(
+                ctx._port,
+                ctx._state,
+                guard_args.without_host(ctx._port, ctx._state, STEP_ID, request_digest),
             )
-        arguments = whole if whole is not None else arguments
+        arguments = whole
     op_id = operation or operation_id(made, arguments, scope, call_id, new_request=new_request)
     deadline = time.monotonic() + IN_PROGRESS_WAIT
     while True:

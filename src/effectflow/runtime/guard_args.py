@@ -7,9 +7,9 @@ process, by request digest, while it starts, replays or settles the call's runs
 (``held``), and the workflow takes them from there (``sent``).
 
 A run continued without its host (a worker recovering it, a person's approval answered in another
-process) has only the redacted form, which must never be sent: it returns the recorded result of
-a call that is done, and otherwise pauses, waiting for the host's replay (``wait_for_host``), which
-continues it with the arguments.
+process) has only the redacted form, which must never be sent (``without_host``): a call in doubt
+is settled by its lookup, a call that is done returns its recorded result, and otherwise the run
+pauses, waiting for the host's replay (``wait_for_host``), which continues it with the arguments.
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ from typing import Any
 
 from effectflow.ledger import records
 from effectflow.ledger.records import NextAction, StepStatus
-from effectflow.runtime import machine_io
+from effectflow.policies.decision import Action
+from effectflow.runtime import lookup, machine_io
 from effectflow.runtime import state as state_mod
 from effectflow.runtime.port import Port
 
@@ -76,6 +77,27 @@ def recorded_result(state: state_mod.RunState, step_id: str, request_digest: str
 NOT_DONE = object()
 
 
+def without_host(
+    port: Port, state: state_mod.RunState, step_id: str, request_digest: str
+) -> machine_io.Machine:
+    """The call's run continued without the whole arguments: a call in doubt is settled from its
+    recorded request and key (its lookup, which needs no arguments), a confirmed call answers
+    with its result; anything else waits for the host's replay (``wait_for_host``). Nothing is
+    ever sent with the redacted arguments."""
+    step = state.steps.get(step_id)
+    if step is not None and step.status in records.IN_DOUBT_STATUSES:
+        found = lookup.look_up_recorded(port, state, step)
+        if found is not None:
+            call, verdict = found
+            if verdict.action is Action.LOOKUP:
+                yield from lookup.settle(call, step, verdict)
+    done = recorded_result(state, step_id, request_digest)
+    if done is not NOT_DONE:
+        state.seen.add(step_id)  # the run reached its one step, as a replay of it would
+        return done
+    return (yield from wait_for_host(port, state, step_id))
+
+
 def wait_for_host(port: Port, state: state_mod.RunState, step_id: str) -> machine_io.Machine:
     """Pause the run until its host replays the call (the host holds the arguments): nothing is
     sent with the redacted ones. Always unwinds with ``machine_io.Suspend``."""
@@ -85,6 +107,25 @@ def wait_for_host(port: Port, state: state_mod.RunState, step_id: str) -> machin
     )
     now = port.clock()
     batch = state.batch()
+    step = state.steps.get(step_id)
+    if (
+        step is not None
+        and step.status is StepStatus.AWAITING_APPROVAL
+        and any(
+            a.request_digest == step.request_digest
+            for a in port.store.approvals(state.run.run_id, step_id)
+        )
+    ):
+        # Approved: the step waits for its host now, not for a person (the attention queue
+        # lists it no more; the host's replay finds the approval and makes the call).
+        step = records.evolve(
+            step,
+            next_action=NextAction.WAIT,
+            error={"code": NEEDS_HOST, "message": reason},
+            updated_at=now,
+        )
+        state.steps[step_id] = step
+        batch.step(step)
     batch.run_changes.update(
         status=records.RunStatus.PAUSED,
         next_action=NextAction.WAIT,

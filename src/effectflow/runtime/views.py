@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from effectflow.ledger import records
-from effectflow.ledger.records import CompensationStatus, RunStatus, StepStatus
+from effectflow.ledger.records import CompensationStatus, NextAction, RunStatus, StepStatus
 
 #: Run statuses in which a worker executes the run, holding its lease.
 EXECUTING = frozenset({RunStatus.RUNNING, RunStatus.CANCELLING})
@@ -223,7 +223,9 @@ def attention(
                 )
             )
         for step in steps_of.get(run.run_id, []):
-            if step.status is StepStatus.AWAITING_APPROVAL:
+            # (approved, and waiting for the host that holds its arguments: ``guard_args``)
+            waits_for_host = step.next_action is NextAction.WAIT
+            if step.status is StepStatus.AWAITING_APPROVAL and not waits_for_host:
                 items.append(
                     AttentionItem(
                         kind="approval",
