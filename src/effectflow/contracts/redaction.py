@@ -145,11 +145,23 @@ def _redacted(value: dict[str, Any], parts: list[str], *, drop: bool) -> dict[st
 
 
 def recorded(
-    arguments: Mapping[str, Any], rule: Redact | None, request_digest: str
+    arguments: Mapping[str, Any],
+    rule: Redact | None,
+    request_digest: str,
+    *,
+    size: int | None = None,
 ) -> dict[str, Any]:
-    """What a step records of its canonical ``arguments``: redacted, or the over-cap marker."""
+    """What a step records of its canonical ``arguments``: redacted, or the over-cap marker.
+
+    ``size``: the bytes of the arguments' canonical JSON when the caller printed it already (the
+    step machine does, for the digest); without a rule it is the recorded size, so every step
+    does not print its arguments a second time."""
     shown = apply(arguments, rule)
-    size = len(digests.canonical_json(shown).encode("utf-8"))
+    if rule is None and size is not None:
+        if size <= CAP_BYTES:
+            return shown
+    else:
+        size = len(digests.canonical_json(shown).encode("utf-8"))
     if size > CAP_BYTES:
         return {OVER_CAP: {"bytes": size, "cap": CAP_BYTES, "request_digest": request_digest}}
     return shown

@@ -58,9 +58,10 @@ def run(call: StepCall) -> machine_io.Machine:
     named = call.tool.bind_arguments(call.args, call.kwargs)
     payload = digests.to_jsonable(named, path=f"{call.step_id}.args")
     text = digests.canonical_json(payload)
-    if len(text.encode("utf-8")) > MAX_PAYLOAD_BYTES:
+    size = len(text.encode("utf-8"))
+    if size > MAX_PAYLOAD_BYTES:
         raise errors.ArgumentError(
-            f"step {call.step_id}: arguments are {len(text)} bytes of JSON, over the "
+            f"step {call.step_id}: arguments are {size} bytes of JSON, over the "
             f"{MAX_PAYLOAD_BYTES}-byte limit; pass a reference (an id, a URL) instead",
             run_id=call.run_id,
             step_id=call.step_id,
@@ -68,7 +69,9 @@ def run(call: StepCall) -> machine_io.Machine:
     call.payload = payload
     call.request_digest = "sha256:" + digests.sha256_hex(text)
     # What the step records of its arguments: after the digest, which is the unredacted call's.
-    call.arguments = redaction.recorded(payload, call.contract.redact, call.request_digest)
+    call.arguments = redaction.recorded(
+        payload, call.contract.redact, call.request_digest, size=size
+    )
     existing = st.steps.get(call.step_id)
     if (
         existing is not None
