@@ -443,6 +443,10 @@ def tool(
 ) -> Callable[[Callable[P, R]], Tool[P, R]]:
     """Declare a tool and its side-effect contract (docs/concepts.md#what-a-tool-tells-the-runtime).
 
+    ``redact`` (an ``ef.Redact`` or ``{"drop": [...], "mask": [...]}``) says which argument
+    fields each step records without their values (docs/arguments.md#redaction); its paths must
+    name parameters of the decorated function.
+
     Raises:
         errors.ContractError: at decoration time, for an unknown effect class or a contradiction.
     """
