@@ -396,3 +396,18 @@ def test_a_second_signal_exits_at_once(world: Path) -> None:
     assert code == 128 + signal.SIGTERM, err
     assert took < 3, took
     assert "exiting now; runs in progress (slow) pass to another worker" in err
+
+
+def test_an_idle_worker_stops_at_once_on_sigterm(any_ledger: str, world: Path) -> None:
+    """An idle worker waits for work (PostgreSQL: in ``LISTEN``, up to its idle wait of 5 s);
+    SIGTERM ends it within a slice of that wait, not after it, so a rolling deploy does not wait
+    out every idle worker's ``LISTEN``."""
+    worker = Proc(any_ledger, world)
+    worker.until("/readyz", lambda s, b: s == 200)
+    time.sleep(0.3)  # well inside its wait for work
+    sent = time.monotonic()
+    worker.popen.send_signal(signal.SIGTERM)
+    code, _, err = worker.finish()
+    took = time.monotonic() - sent
+    assert code == 0, err
+    assert took < 2, took

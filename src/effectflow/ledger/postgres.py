@@ -408,16 +408,17 @@ class PostgresStore(SQLCore, SQLReads):
         }
         return [run_id for run_id, token in leases if (run_id, token) not in held]
 
-    def wait_for_work(self, timeout: float) -> None:
+    def wait_for_work(self, timeout: float) -> bool:
         """Block until a transaction notifies that a run is waiting for a worker, or ``timeout``.
 
         The first call opens the listening connection; a notification sent while nobody waits is
         kept and wakes the next wait at once. One thread waits at a time; another returns after
-        its timeout at the latest.
+        its timeout at the latest. True when a notification came (or the listening connection
+        broke: look for work), False after a quiet ``timeout``.
         """
         timeout = max(0.0, timeout)
         if not self._listen_lock.acquire(timeout=timeout):
-            return
+            return False
         try:
             if self._listener is None:
                 with self._edge():
@@ -429,16 +430,19 @@ class PostgresStore(SQLCore, SQLReads):
                         raise
                 self._listener = listener
             try:
+                woke = False
                 for _ in self._listener.notifies(timeout=timeout, stop_after=1):
-                    pass
+                    woke = True
                 # A burst (a batch of new runs) is one wake-up, not one per run.
                 for _ in self._listener.notifies(timeout=0, stop_after=1000):
                     pass
+                return woke
             except psycopg.OperationalError:
                 # The server went away: the next wait connects again; until then a worker that
                 # looks for work finds out for itself.
                 self._listener.close()
                 self._listener = None
+                return True
         finally:
             self._listen_lock.release()
 

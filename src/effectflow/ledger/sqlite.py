@@ -328,9 +328,10 @@ class SQLiteStore(SQLCore, SQLReads):
                     lost.append(run_id)
         return lost
 
-    def wait_for_work(self, timeout: float) -> None:
-        """SQLite has no notifications: sleep a short poll interval."""
+    def wait_for_work(self, timeout: float) -> bool:
+        """SQLite has no notifications: sleep a short poll interval, then look."""
         time.sleep(max(0.0, min(timeout, self.poll_interval)))
+        return True
 
     # -- the shared write path's hooks (``sql_core``) -------------------------------------------
 

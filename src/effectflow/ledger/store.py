@@ -255,11 +255,13 @@ class LedgerStore(Protocol):
         no longer current (the worker lost them and must stop writing for them)."""
         ...
 
-    def wait_for_work(self, timeout: float) -> None:
-        """Block until a run may have become runnable, or ``timeout`` seconds.
+    def wait_for_work(self, timeout: float) -> bool:
+        """Block until a run may have become runnable, or ``timeout`` seconds; whether to look
+        for work now.
 
-        PostgreSQL wakes on ``LISTEN``/``NOTIFY`` (a run created for workers, a lease released);
-        SQLite has no notifications and sleeps a short poll interval instead.
+        PostgreSQL wakes on ``LISTEN``/``NOTIFY`` (a run created for workers, a lease released)
+        and answers False after a quiet ``timeout``; SQLite has no notifications, sleeps a short
+        poll interval and answers True (only a look can tell).
         """
         ...
 

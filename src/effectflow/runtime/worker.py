@@ -211,7 +211,7 @@ class Worker:
                 if until_idle or (max_runs is not None and self.stats.claimed >= max_runs):
                     break
                 try:
-                    rt.store.wait_for_work(self.idle_wait)
+                    self._idle(rt)
                 except Exception:
                     log.exception("waiting for work failed; retrying in %.1f s", RETRY_PAUSE)
                     self._stop.wait(RETRY_PAUSE)
@@ -222,6 +222,17 @@ class Worker:
                 return_when=concurrent.futures.FIRST_COMPLETED,
             )
             self._settled(done)
+
+    def _idle(self, rt: Runtime) -> None:
+        """Wait for work, up to ``idle_wait``: until the ledger says there may be some, or
+        ``stop``. The wait is cut into slices of ``_TURN`` so a SIGTERM to an idle worker is seen
+        at once (PostgreSQL's ``LISTEN`` would otherwise hold it for the whole ``idle_wait``)."""
+        end = time.monotonic() + self.idle_wait
+        while not self._stop.is_set():
+            self._turned()
+            left = end - time.monotonic()
+            if left <= 0 or rt.store.wait_for_work(min(left, _TURN)):
+                return
 
     def _drain(self) -> None:
         """Wait for the runs in progress; after ``stop``, until ``drain_timeout`` at most."""
