@@ -427,3 +427,20 @@ def test_a_guarded_call_in_doubt_is_settled_by_its_lookup_without_its_host(
         assert len(SENT) == 1
         assert _step(worker, run.run_id, "call").arguments == {"to": "li@example.com"}
         assert worker.verify_audit() == []
+
+
+def test_a_replay_after_the_rule_changed_is_the_same_call(any_ledger: str) -> None:
+    """A guarded call recorded without a rule, replayed once the contract redacts (and the other
+    way round), is the same call: its recorded result, nothing sent again; another token is
+    still another request."""
+    args = {"amount": 6, "card": {"number": CARD, "exp": "01/31"}, "token": GUARD_TOKEN}
+    with ef.Runtime(any_ledger, registry=PLAIN) as plain:
+        before = plain.guard(charge_plain, args, scope="rc", call_id="c1")
+    with ef.Runtime(any_ledger) as rt:
+        assert rt.guard(charge, args, scope="rc", call_id="c1") == before
+        later = rt.guard(charge, args, scope="rc", call_id="c2", known_call_ids=["c1"])
+        with pytest.raises(ef.IdempotencyConflict):
+            rt.guard(charge, {**args, "token": OTHER_TOKEN}, scope="rc", call_id="c2")
+    with ef.Runtime(any_ledger, registry=PLAIN) as plain:
+        assert plain.guard(charge_plain, args, scope="rc", call_id="c2") == later
+    assert len(SENT) == 2

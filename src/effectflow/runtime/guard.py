@@ -252,6 +252,9 @@ def call(
         # Recorded before ledger version 11: the whole arguments, no digest; replayed as it is.
         input["arguments"] = normalized
         del input["request_digest"]
+    elif recorded is not None and recorded.input["request_digest"] == digest:
+        # The same request: its arguments as recorded (the tool's rule may have changed since).
+        input["arguments"] = recorded.input.get("arguments")
     with guard_args.held(digest, normalized):  # the workflow makes the call with them
         return _start(rt, made, normalized, input, recorded, known_call_ids, new_request)
 
