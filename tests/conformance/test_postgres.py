@@ -62,7 +62,7 @@ def test_concurrent_claimers_never_claim_the_same_run(pg_backend: Backend) -> No
             got = stores[i].claim_runnable(owner=f"w{i}", ttl=600, now=T0 + 1000, limit=3)
             if not got:
                 return
-            claimed[i].extend((r.run_id, r.lease_owner, r.lease_token) for r in got)
+            claimed[i].extend((c.run.run_id, c.run.lease_owner, c.run.lease_token) for c in got)
 
     try:
         run_threads(len(stores), worker)

@@ -661,11 +661,14 @@ def test_claim_runnable_leases_unleased_and_expired_runs_once(store: LedgerStore
 
     first = store.claim_runnable(owner="w1", ttl=30, now=T0 + 10, limit=10)
     second = store.claim_runnable(owner="w2", ttl=30, now=T0 + 10, limit=10)
-    assert sorted(r.run_id for r in first) == ["expired", "free"]
+    assert sorted(c.run.run_id for c in first) == ["expired", "free"]
     assert second == []
-    by_id = {r.run_id: r for r in first}
-    assert by_id["expired"].lease_token == expired.lease_token + 1
-    assert by_id["free"].lease_owner == "w1"
+    by_id = {c.run.run_id: c for c in first}
+    assert by_id["expired"].run.lease_token == expired.lease_token + 1
+    assert by_id["free"].run.lease_owner == "w1"
+    # Who held each lease before: the takeovers a worker counts.
+    assert by_id["expired"].previous_owner == "dead"
+    assert by_id["free"].previous_owner is None
     assert store.get_run("held") == held
     # The former owner of "expired" can no longer write.
     with pytest.raises(errors.LeaseLost):
@@ -676,7 +679,7 @@ def test_claim_runnable_respects_the_limit_oldest_first(store: LedgerStore) -> N
     for i, run_id in enumerate(("a", "b", "c")):
         create_run(store, run_id, created_at=T0 + i)
     claimed = store.claim_runnable(owner="w", ttl=30, now=T0 + 10, limit=2)
-    assert [r.run_id for r in claimed] == ["a", "b"]
+    assert [c.run.run_id for c in claimed] == ["a", "b"]
 
 
 def test_heartbeat_extends_held_leases_and_reports_lost_ones(store: LedgerStore) -> None:
@@ -711,11 +714,12 @@ def test_claim_runnable_takes_live_leases_of_the_dead_owners_named(store: Ledger
     [taken] = store.claim_runnable(
         owner="w", ttl=30, now=T0 + 1, limit=10, dead_owners=["host:1:dead", "host:1:dead"]
     )
-    assert (taken.run_id, taken.lease_owner, taken.lease_token) == (
+    assert (taken.run.run_id, taken.run.lease_owner, taken.run.lease_token) == (
         "dead_owners",
         "w",
         gone.lease_token + 1,
     )
+    assert taken.previous_owner == "host:1:dead"
     with pytest.raises(errors.LeaseLost):
         store.apply(intent_batch(gone), lease_ttl=TTL, now=T0 + 2)
 

@@ -39,6 +39,7 @@ from effectflow import telemetry
 from effectflow.cli.worker import load_app
 from effectflow.contracts.registry import Registry
 from effectflow.contrib.http import http_tool
+from effectflow.runtime.worker import Worker
 from effectflow.testing import NotifyProvider, ProviderTimeout
 from worlds import Current
 
@@ -410,6 +411,32 @@ def test_a_run_whose_lease_another_owner_let_expire_is_counted_as_a_takeover(
         assert rt.resume("tel-t").status is ef.RunStatus.SUCCEEDED
     assert captured.points()["effectflow.lease.takeovers"] == [({}, 1)]
     assert len(provider.notifications()) == 1
+
+
+def test_a_worker_that_claims_runs_whose_owners_let_their_leases_expire_counts_each_takeover(
+    any_ledger: str, provider: NotifyProvider, captured: Captured
+) -> None:
+    """Two runs held by a worker whose leases expired, and one nobody held: ``effectflow
+    worker``'s claim loop takes all three, counts two takeovers (not three), and each run posts
+    once."""
+    with ef.Runtime(any_ledger) as rt:
+        for n in range(3):
+            run = rt.submit(tel_undoable_flow, run_id=f"tel-w{n}", channel="#c")
+            if n < 2:
+                other = rt.store.claim(
+                    run.run_id,
+                    owner="gone:1:x",
+                    expected_token=run.lease_token,
+                    ttl=0.01,
+                    now=rt.clock(),
+                )
+                assert other is not None
+        time.sleep(0.05)
+        stats = Worker(rt, concurrency=2).run(until_idle=True)
+        assert stats.claimed == 3
+        assert all(r.status is ef.RunStatus.SUCCEEDED for r in rt.runs(limit=10))
+    assert captured.points()["effectflow.lease.takeovers"] == [({}, 2)]
+    assert len(provider.notifications()) == 3
 
 
 @ef.tool(

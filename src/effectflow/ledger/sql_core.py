@@ -32,6 +32,7 @@ from effectflow.ledger import expect, records, rowmap
 from effectflow.ledger.store import (
     Applied,
     Batch,
+    Claimed,
     OperationBinding,
 )
 
@@ -91,6 +92,11 @@ class SQLCore(abc.ABC):
     @abc.abstractmethod
     def _write_rows(self, sql: str, params: Sequence[Any] | Mapping[str, Any]) -> Sequence[Any]:
         """One writing statement in a transaction of its own; its rows."""
+
+    def _claim_rows(self, or_dead: str, params: dict[str, Any]) -> Sequence[Any]:
+        """The claimed runs' rows, each with the ``previous_owner`` of its lease: one statement
+        where the dialect can return a row's old values with its new ones."""
+        return self._write_rows(self.SQL["claim_runnable"].format(or_dead=or_dead), params)
 
     @abc.abstractmethod
     def _in_named(
@@ -163,7 +169,7 @@ class SQLCore(abc.ABC):
         now: float,
         limit: int,
         dead_owners: Sequence[str] = (),
-    ) -> list[records.RunRecord]:
+    ) -> list[Claimed]:
         """Lease the oldest runnable runs, and those a dead owner held (see
         ``LedgerStore.claim_runnable``); rows another claimer is taking are never taken twice
         (SQLite: one writer; PostgreSQL: ``FOR UPDATE SKIP LOCKED``)."""
@@ -174,9 +180,9 @@ class SQLCore(abc.ABC):
             term, named = self._in_named("lease_owner", "dead", dead)
             or_dead = f" OR {term}"
             params.update(named)
-        rows = list(self._write_rows(self.SQL["claim_runnable"].format(or_dead=or_dead), params))
+        rows = list(self._claim_rows(or_dead, params))
         rows.sort(key=lambda r: (r["created_at"], *(r[c] for c in self._TIE_COLUMNS)))
-        return [rowmap.run(r) for r in rows]
+        return [Claimed(rowmap.run(r), r["previous_owner"]) for r in rows]
 
     def claim(
         self, run_id: str, *, owner: str, expected_token: int, ttl: float, now: float

@@ -368,6 +368,21 @@ class SQLiteStore(SQLCore, SQLReads):
         with self._write() as conn:
             return conn.execute(sql, params).fetchall()
 
+    def _claim_rows(self, or_dead: str, params: dict[str, Any]) -> list[dict[str, Any]]:
+        """The candidates with their owners, then their claim, in one write transaction."""
+        with self._write() as conn:
+            picked = conn.execute(
+                self.SQL["claim_runnable_candidates"].format(or_dead=or_dead), params
+            ).fetchall()
+            if not picked:
+                return []
+            before = {r["run_id"]: r["previous_owner"] for r in picked}
+            term, named = self._in_named("run_id", "picked", list(before))
+            claimed = conn.execute(
+                self.SQL["claim_runnable"].format(picked=term), {**params, **named}
+            ).fetchall()
+        return [{**dict(r), "previous_owner": before[r["run_id"]]} for r in claimed]
+
     def _in_named(
         self, column: str, name: str, values: Sequence[Any]
     ) -> tuple[str, dict[str, Any]]:

@@ -173,6 +173,17 @@ class Applied:
 
 
 @dataclasses.dataclass(frozen=True)
+class Claimed:
+    """A run a worker claimed (``claim_runnable``), and whose lease it took over."""
+
+    #: The run, leased to the claimer (with its new token).
+    run: records.RunRecord
+    #: The owner whose lease had expired or who was proved dead: a takeover. None when nobody
+    #: held the run (a new one, or one released by its owner).
+    previous_owner: str | None
+
+
+@dataclasses.dataclass(frozen=True)
 class AuditProblem:
     """A place where the audit log does not verify."""
 
@@ -237,12 +248,13 @@ class LedgerStore(Protocol):
         now: float,
         limit: int,
         dead_owners: Sequence[str] = (),
-    ) -> list[records.RunRecord]:
+    ) -> list[Claimed]:
         """Lease up to ``limit`` runs a worker should execute: ``running`` or ``cancelling`` runs
         with no lease, an expired one, or one held by an owner in ``dead_owners`` (the caller
-        proved them dead: a pid gone on its own host), oldest first. Each claimed run's token is
-        bumped (so a former owner's writes are refused). Concurrent workers never claim the same
-        run (PostgreSQL: ``FOR UPDATE SKIP LOCKED``; SQLite: ``BEGIN IMMEDIATE``)."""
+        proved them dead: a pid gone on its own host), oldest first, each with the owner it was
+        taken from (the lease takeovers telemetry counts). Each claimed run's token is bumped (so
+        a former owner's writes are refused). Concurrent workers never claim the same run
+        (PostgreSQL: ``FOR UPDATE SKIP LOCKED``; SQLite: ``BEGIN IMMEDIATE``)."""
         ...
 
     def lease_owners(self, *, now: float) -> list[str]:

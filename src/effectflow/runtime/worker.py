@@ -29,8 +29,9 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
-from effectflow import errors
+from effectflow import errors, telemetry
 from effectflow.ledger import records
+from effectflow.ledger import store as store_mod
 
 if TYPE_CHECKING:
     from effectflow.runtime.runtime import Runtime
@@ -186,7 +187,7 @@ class Worker:
             free = self.concurrency - len(active)
             if max_runs is not None:
                 free = min(free, max_runs - self.stats.claimed)
-            claimed: list[records.RunRecord] = []
+            claimed: list[store_mod.Claimed] = []
             if free > 0:
                 try:
                     claimed = rt.store.claim_runnable(
@@ -200,11 +201,12 @@ class Worker:
                     log.exception("claiming runs failed; retrying in %.1f s", RETRY_PAUSE)
                     self._stop.wait(RETRY_PAUSE)
                     continue
-            for run in claimed:
+            for claim in claimed:
                 self.stats.claimed += 1
-                future = pool.submit(self._execute, run)
+                telemetry.claimed(claim.run.run_id, claim.previous_owner, rt.owner)
+                future = pool.submit(self._execute, claim.run)
                 with self._lock:
-                    self._running[future] = run.run_id
+                    self._running[future] = claim.run.run_id
             if claimed:
                 continue
             if not active:

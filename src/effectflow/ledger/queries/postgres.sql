@@ -167,10 +167,11 @@ SELECT shard FROM audit_shards WHERE n > 0 AND shard <> %s;
 -- name: claim_runnable
 -- Lease the oldest runnable runs: running or cancelling, with no live lease or one held by a
 -- dead owner ({or_dead}: "OR lease_owner = ANY(%(dead)s::text[])" when there are dead owners).
--- Rows another claimer is taking are skipped, never waited for. Named parameters: the code is
--- both dialects'.
+-- Rows another claimer is taking are skipped, never waited for. Each comes back with the owner
+-- whose lease was taken over (previous_owner; NULL for a run nobody held). Named parameters: the
+-- code is both dialects'.
 WITH picked AS (
-    SELECT run_id FROM runs
+    SELECT run_id, lease_owner AS previous_owner FROM runs
     WHERE status IN ('running', 'cancelling')
       AND (lease_expires_at IS NULL OR lease_expires_at < %(now)s{or_dead})
     ORDER BY created_at, insert_seq LIMIT %(limit)s
@@ -178,7 +179,7 @@ WITH picked AS (
 UPDATE runs SET lease_owner = %(owner)s, lease_token = runs.lease_token + 1,
     lease_expires_at = %(expires)s
 FROM picked WHERE runs.run_id = picked.run_id
-RETURNING runs.*;
+RETURNING runs.*, picked.previous_owner;
 
 -- name: claim
 -- Take one run's lease by compare-and-swap on its token.

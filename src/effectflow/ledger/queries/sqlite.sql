@@ -165,16 +165,21 @@ SELECT shard FROM audit_shards WHERE n > 0 AND shard <> ?;
 -- ---------------------------------------------------------------------------------------------
 
 -- name: claim_runnable
--- Lease the oldest runnable runs: running or cancelling, with no live lease or one held by a
--- dead owner ({or_dead}: "OR lease_owner IN (:dead_0, ...)" when there are dead owners). BEGIN
--- IMMEDIATE serializes claimers on one file. Named parameters: the code is both dialects'.
+-- Lease the runs claim_runnable_candidates picked, in the same BEGIN IMMEDIATE transaction
+-- ({picked}: "run_id IN (:picked_0, ...)"). SQLite's RETURNING sees only the new row, so who held
+-- each lease before is read by that query.
 UPDATE runs SET lease_owner = :owner, lease_token = lease_token + 1, lease_expires_at = :expires
-WHERE run_id IN (
-    SELECT run_id FROM runs
-    WHERE status IN ('running', 'cancelling')
-      AND (lease_expires_at IS NULL OR lease_expires_at < :now{or_dead})
-    ORDER BY created_at LIMIT :limit)
+WHERE {picked}
 RETURNING *;
+
+-- name: claim_runnable_candidates (sqlite only)
+-- The oldest runnable runs: running or cancelling, with no live lease or one held by a dead owner
+-- ({or_dead}: "OR lease_owner IN (:dead_0, ...)" when there are dead owners), with their owner
+-- (previous_owner; NULL for a run nobody held). BEGIN IMMEDIATE serializes claimers on one file.
+SELECT run_id, lease_owner AS previous_owner FROM runs
+WHERE status IN ('running', 'cancelling')
+  AND (lease_expires_at IS NULL OR lease_expires_at < :now{or_dead})
+ORDER BY created_at LIMIT :limit;
 
 -- name: claim
 -- Take one run's lease by compare-and-swap on its token.
