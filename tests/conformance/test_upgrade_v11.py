@@ -97,6 +97,7 @@ def test_the_upgraded_ledger_verifies_and_its_old_steps_show_no_arguments(v10: s
     code, out = _cli(v10, "show", "done")
     assert code == 0, out
     assert "refund" in out
+    assert "arguments {" not in out  # none recorded, none shown
 
 
 def test_an_old_row_given_arguments_by_hand_is_caught(v10: str) -> None:

@@ -208,6 +208,9 @@ def test_a_secret_reaches_no_ledger_api_console_log_or_show(
             out = CliRunner().invoke(cli_main.app, ["show", run_id, "--db", any_ledger, *as_json])
             assert out.exit_code == 0, out.output
             _no_secret(f"effectflow show {run_id} {as_json}", out.output)
+    out = CliRunner().invoke(cli_main.app, ["show", "a", "--db", any_ledger])
+    assert "arguments {" in out.output
+    assert "[masked]" in out.output
     out = CliRunner().invoke(cli_main.app, ["show", "a", "--db", any_ledger, "--json"])
     [step] = json.loads(out.output)["steps"]
     assert step["step"]["arguments"] == {"amount": 5, "card": card_shown}
