@@ -250,14 +250,7 @@ def _api_and_console(url: str, run_ids: list[str]) -> dict[str, str]:
         assert timeline["steps"][0]["step"]["arguments"]["card"]["number"] == "[masked]"
         [item] = client.get("/api/v1/attention", headers=auth).json()["items"]
         assert item["arguments"] == {"amount": 9}
-        form = client.get("/login").text
-        csrf = form.split('name="login_csrf" value="', 1)[1].split('"', 1)[0]
-        signed = client.post(
-            "/login",
-            data={"token": CALLER["token"], "next": "/runs", "login_csrf": csrf},
-            follow_redirects=False,
-        )
-        assert signed.status_code == 303
+        _sign_in(client)
         for path in ["/runs", "/attention", *(f"/runs/{r}" for r in run_ids)]:
             page = client.get(path)
             assert page.status_code == 200, (path, page.text)
@@ -447,3 +440,35 @@ def test_a_replay_after_the_rule_changed_is_the_same_call(any_ledger: str) -> No
     with ef.Runtime(any_ledger, registry=PLAIN) as plain:
         assert plain.guard(charge_plain, args, scope="rc", call_id="c2") == later
     assert len(SENT) == 2
+
+
+@ef.workflow("r_markup")
+def markup(ctx: ef.Context) -> Any:
+    return ctx.call("draft", draft, name="<script>alert(1)</script>", api_key=TOKEN)
+
+
+def test_the_console_escapes_the_arguments_it_shows(tmp_path: Path) -> None:
+    """An argument that is markup is shown as text on the run page, never as markup."""
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    with ef.Runtime(url) as rt:
+        assert rt.start(markup, run_id="m").status is ef.RunStatus.SUCCEEDED
+    page = _console_page(url, "/runs/m")
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page
+    assert "<script>alert(1)" not in page
+    _no_secret("the run page", page)
+
+
+def _console_page(url: str, path: str) -> str:
+    with TestClient(create_app(url, {CALLER["token"]: CALLER["tenant"]})) as client:
+        _sign_in(client)
+        page = client.get(path)
+        assert page.status_code == 200
+        return page.text
+
+
+def _sign_in(client: TestClient) -> None:
+    """Sign the console's client in as an operator does: the form, then its post."""
+    form = client.get("/login").text
+    csrf = form.split('name="login_csrf" value="', 1)[1].split('"', 1)[0]
+    data = {"token": CALLER["token"], "next": "/runs", "login_csrf": csrf}
+    assert client.post("/login", data=data, follow_redirects=False).status_code == 303
