@@ -304,3 +304,64 @@ def test_a_scope_of_the_workflow_id_alone_spans_its_runs(rt: ef.Runtime) -> None
     again = _attempt(act, "gil", "reset", run_id="run-2")
     assert again == first
     assert records() == [first]
+
+
+@ef.tool(
+    "tmp_refund_card",
+    effect="financial_write",
+    idempotency=ef.Idempotency(supported=True),
+    effect_id="id",
+    redact=ef.Redact(drop=["card"]),
+)
+def refund_card(order: str, card: str, *, idempotency_key: str) -> dict[str, Any]:
+    """A refund to a card: the card number is the provider's to see, never the ledger's (the
+    result, which the ledger records, leaves it out)."""
+    done = next((r for r in records() if r["key"] == idempotency_key), None)
+    done = done or _commit("refund", idempotency_key, order=order, card=card)
+    return {k: v for k, v in done.items() if k != "card"}
+
+
+def test_a_decision_about_a_call_whose_tool_redacts_completes_it_with_the_workflow_s_arguments(
+    rt: ef.Runtime, tmp_path: Path
+) -> None:
+    """The ledger holds the refund's arguments without the card, so the decision activity (run by
+    any worker) cannot complete the call from the record: the workflow passes the guarded
+    activity's own arguments, and the provider gets the card once; the ledger never holds it."""
+    act = ef_temporal.guarded(rt, refund_card)
+    decide = ef_temporal.decision_activity(rt)
+    asked = ef_temporal.asked_of(_needs_person(act, "E-5", "4111-SECRET", activity_id="3"))
+    assert asked is not None
+    result = _attempt(
+        decide,
+        asked,
+        {"approved": True, "approver": "bob"},
+        ["E-5", "4111-SECRET"],
+        activity_id="4",
+    )
+    [refunded] = records()
+    assert (refunded["id"], refunded["card"]) == (result["id"], "4111-SECRET")
+    assert _attempt(act, "E-5", "4111-SECRET", activity_id="3", attempt=2) == result
+    assert len(records()) == 1
+    rt.close()
+    for name in ("ledger.db", "ledger.db-wal"):
+        path = tmp_path / name
+        assert not path.exists() or b"4111-SECRET" not in path.read_bytes()
+
+
+def test_a_decision_without_the_arguments_of_a_redacting_tool_sends_nothing(
+    rt: ef.Runtime,
+) -> None:
+    """Without the workflow's arguments the decision activity has only the redacted record: the
+    approval is recorded, nothing is sent, and the activity says what to pass."""
+    act = ef_temporal.guarded(rt, refund_card)
+    decide = ef_temporal.decision_activity(rt)
+    asked = ef_temporal.asked_of(_needs_person(act, "F-6", "4111-SECRET", activity_id="3"))
+    with pytest.raises(ApplicationError, match="third argument") as caught:
+        _attempt(decide, asked, {"approved": True, "approver": "bob"}, activity_id="4")
+    assert caught.value.type == "EffectflowArgumentError"
+    assert caught.value.non_retryable
+    assert records() == []
+    # The approval stands: the decision activity run again with the arguments makes the call.
+    result = _attempt(decide, asked, {}, ["F-6", "4111-SECRET"], activity_id="5")
+    [refunded] = records()
+    assert refunded["id"] == result["id"]

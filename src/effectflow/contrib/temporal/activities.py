@@ -160,17 +160,33 @@ def decision_activity(rt: Runtime, *, name: str = DECIDE) -> Any:
     "<who>"}``, or ``{}`` when it was decided elsewhere (``rt.approve``, the console). The call is
     then completed from the ledger's record of it (its tool, arguments, scope and call id), so the
     result is the call's own — also when the waiting activity was a regenerated one.
+
+    A tool with a redaction rule (``redact=``) has its arguments in the ledger without the fields
+    it drops or masks, so the record cannot complete the call: the workflow passes the guarded
+    activity's own arguments as a third, ``args`` (``args=[asked, decision, [order, card]]``).
+    Without them, such a call is refused with what to pass, and nothing is sent.
     """
 
-    async def decide(asked: dict[str, Any], decision: dict[str, Any]) -> Any:
+    async def decide(
+        asked: dict[str, Any], decision: dict[str, Any], args: list[Any] | None = None
+    ) -> Any:
         try:
             apply_decision(rt, asked, decision)
             recorded = rt.run(str(asked["run_id"])).input
+            tool = rt.registry.tool(str(recorded["tool"]))
+            if args is not None:
+                arguments = tool.bind_arguments(tuple(args), {})
+            elif tool.contract.redact is not None:
+                raise errors.ArgumentError(
+                    f"{tool.ref} redacts its arguments in the ledger, so the call cannot be "
+                    "completed from its record: pass the guarded activity's own arguments as "
+                    "the decision activity's third argument (args=[asked, decision, [...]]); "
+                    "the decision was recorded, nothing was sent"
+                )
+            else:
+                arguments = dict(recorded["arguments"])
             done = await rt.guard_async(
-                str(recorded["tool"]),
-                dict(recorded["arguments"]),
-                scope=str(recorded["scope"]),
-                call_id=str(recorded["call_id"]),
+                tool, arguments, scope=str(recorded["scope"]), call_id=str(recorded["call_id"])
             )
         except errors.NeedsPerson as exc:
             raise _needs_person(
