@@ -10,7 +10,10 @@ Workloads (``_common.py``): ``sequential`` 200 workflows x 10 trivial pure steps
 each append a line to a file (the simulated provider; for effectflow an ``external_write`` tool with a
 lookup: intent + outcome). Reported: steps/s, overhead per step in µs (against calling the same
 functions directly, in the same process), peak RSS of the subprocess (``ru_maxrss``), each the median
-of 5 runs (interleaved: every configuration once, then again), and effectflow/peer ratios.
+of 5 runs (interleaved: every configuration once, then again), and effectflow/peer ratios. Beside
+them the floor, measured once per repetition in the same run: a raw SQLite WAL commit at
+``synchronous=FULL`` (``effectflow.bench.raw_commit_us``), the write steps/s two such commits per
+step allow, and each effectflow write workload as a fraction of it.
 Run::
 
     .venv/bin/python benchmarks/compare/run.py            # Markdown table (BENCHMARKS.md)
@@ -30,6 +33,8 @@ import sys
 import tempfile
 from pathlib import Path
 from typing import Any
+
+from effectflow import bench
 
 HERE = Path(__file__).resolve().parent
 VENVS = HERE / ".venvs"
@@ -148,6 +153,8 @@ TARGETS = [
     ("pure steps, sequential: effectflow / LangGraph (sync)", "effectflow/sequential",
      "langgraph-sync/sequential", 4.0),
     ("write steps: effectflow (FULL) / DBOS", "effectflow/write", "dbos/write", 5.0),
+    ("write steps: effectflow (FULL) / LangGraph (sync) (issue 18)", "effectflow/write",
+     "langgraph-sync/write", 2.0),
     ("write steps: effectflow (durability=intents) / DBOS", "effectflow-intents/write",
      "dbos/write", 5.0),
     ("pure steps: effectflow 8 threads / sequential", "effectflow/concurrent",
@@ -171,8 +178,32 @@ def targets(results: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def floor_lines(results: dict[str, dict[str, Any]], floor_us: list[float]) -> list[str]:
+    """The floor's table: the raw commit, the two-commit write step, each write workload's share."""
+    if not floor_us:
+        return []
+    floor = bench.Floor(statistics.median(floor_us))
+    lines = [
+        "", "| Floor (medians of this run) | µs/commit | steps/s | effectflow / floor |",
+        "|---|---:|---:|---:|",
+        f"| raw SQLite WAL commit, synchronous=FULL (tiny INSERT, 1 per transaction) | "
+        f"{fmt(floor.commit_us)} | — | — |",
+        f"| a write step's two commits (intent, outcome) | — | {fmt(floor.write_steps_per_s)} | — |",
+    ]  # fmt: skip
+    for key in ("effectflow/write", "effectflow/write_async", "effectflow-intents/write",
+                "effectflow-intents/write_async"):  # fmt: skip
+        if key in results:
+            rate = results[key]["steps_per_s"]
+            lines.append(f"| {key} | — | {fmt(rate)} | {rate / floor.write_steps_per_s:.2f} |")
+    return lines
+
+
 def markdown(
-    results: dict[str, dict[str, Any]], missing: dict[str, str], repeats: int, runs: int
+    results: dict[str, dict[str, Any]],
+    missing: dict[str, str],
+    repeats: int,
+    runs: int,
+    floor_us: list[float] | None = None,
 ) -> str:
     lines = [
         "| Workload | Framework | steps/s | steps/s min – max | overhead µs/step | peak RSS MiB | "
@@ -199,6 +230,7 @@ def markdown(
                 f"{fmt(min(rates))} – {fmt(max(rates))} | "
                 f"{fmt(r['overhead_us'])} | {r['rss_mib']:.1f} | " + " | ".join(ratios) + " |"
             )
+    lines += floor_lines(results, floor_us or [])
     checked = targets(results)
     if checked:
         lines += ["", "| Target (steps/s, medians of this run) | at least | measured | |",
@@ -218,6 +250,12 @@ def markdown(
     for name, why in missing.items():
         lines.append(f"- NOT MEASURED: {name}: {why}")
     return "\n".join(lines)
+
+
+def floor_json(floor_us: list[float]) -> dict[str, Any]:
+    """The floor's samples and the median's figures, for ``--json``."""
+    median = bench.Floor(statistics.median(floor_us)).to_dict() if floor_us else {}
+    return {**median, "samples_us": floor_us}
 
 
 def main() -> None:
@@ -241,7 +279,14 @@ def main() -> None:
         else:
             pythons[name] = python
     samples: dict[str, list[dict[str, Any]]] = {}
+    floor_us: list[float] = []
     for rep in range(args.repeats):
+        print(f"[{rep + 1}/{args.repeats}] floor: raw SQLite commit", file=sys.stderr)
+        floor_dir = Path(tempfile.mkdtemp(prefix="effectflow-floor-", dir=args.dir))
+        try:
+            floor_us.append(bench.raw_commit_us(floor_dir, 2000))
+        finally:
+            shutil.rmtree(floor_dir, ignore_errors=True)
         for workload in WORKLOADS + ASYNC_WORKLOADS:
             for name, _, script, env, _ in configs:
                 if name not in pythons or name in missing:
@@ -258,9 +303,10 @@ def main() -> None:
     results = {key: summarize(s) for key, s in samples.items() if key.split("/")[0] not in missing}
     if args.json:
         print(json.dumps({"results": results, "targets": targets(results), "missing": missing,
-                          "pins": PINS, "runs": args.runs, "repeats": args.repeats}, indent=2))  # fmt: skip
+                          "pins": PINS, "runs": args.runs, "repeats": args.repeats,
+                          "floor": floor_json(floor_us)}, indent=2))  # fmt: skip
     else:
-        print(markdown(results, missing, args.repeats, args.runs))
+        print(markdown(results, missing, args.repeats, args.runs, floor_us))
 
 
 if __name__ == "__main__":

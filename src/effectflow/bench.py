@@ -20,6 +20,9 @@ registry, not the process-wide one, so they never mix with an application's.
 ``benchmarks/compare/_common.py`` keeps a stdlib-only copy of ``Provider``, ``fan_out`` and the
 direct baseline: the peers run in virtual environments without effectflow.
 
+Beside them, the floor (``Floor``): a raw SQLite WAL commit at ``synchronous=FULL`` timed in the
+same run, and what two of them per step (an intent and an outcome) allow a write step at most.
+
 The hosts' crash scorecard (``effectflow bench --hosts``) is ``effectflow.scorecard``: throughput
 says what effectflow costs; the scorecard says what it buys.
 """
@@ -30,6 +33,7 @@ import asyncio
 import dataclasses
 import gc
 import shutil
+import sqlite3
 import tempfile
 import time
 from collections.abc import Callable, Iterable
@@ -240,6 +244,9 @@ class Result:
     runtime_s: float
     #: Wall time of the same functions called directly, in seconds.
     direct_s: float
+    #: The raw SQLite WAL commit at ``synchronous=FULL`` measured in the same run, in µs (write
+    #: workloads only: the floor their two durable commits per step set; None for pure steps).
+    floor_commit_us: float | None = None
 
     @property
     def ledger_options(self) -> str:
@@ -261,6 +268,19 @@ class Result:
         """Steps per second through the runtime."""
         return self.steps / self.runtime_s if self.runtime_s > 0 else 0.0
 
+    @property
+    def floor_steps_per_s(self) -> float | None:
+        """The two-commit floor of a write step, in steps/s (None without a floor)."""
+        if self.floor_commit_us is None:
+            return None
+        return Floor(self.floor_commit_us).write_steps_per_s
+
+    @property
+    def of_floor(self) -> float | None:
+        """This workload's steps/s as a fraction of the two-commit floor (None without one)."""
+        floor = self.floor_steps_per_s
+        return None if floor is None else self.steps_per_s / floor
+
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready view, derived figures included."""
         return {
@@ -269,7 +289,59 @@ class Result:
             "durability": self.durability,
             "overhead_us_per_step": self.overhead_us_per_step,
             "steps_per_s": self.steps_per_s,
+            "floor_steps_per_s": self.floor_steps_per_s,
+            "of_floor": self.of_floor,
         }
+
+
+#: Durable commits of a write step: its intent before the call, its outcome after.
+COMMITS_PER_WRITE_STEP = 2
+
+
+@dataclasses.dataclass(frozen=True)
+class Floor:
+    """What the disk allows: a write step can be no faster than its two durable commits.
+
+    Measured rather than quoted because it is the machine's (its disk, its filesystem, its load
+    at that moment): a ratio to it says how much of the time is effectflow's own."""
+
+    #: One raw commit (a tiny INSERT, ``BEGIN IMMEDIATE`` ... ``COMMIT``, WAL, FULL), in µs.
+    commit_us: float
+
+    @property
+    def write_steps_per_s(self) -> float:
+        """Write steps per second if a step cost only its two commits."""
+        return 1e6 / (COMMITS_PER_WRITE_STEP * self.commit_us)
+
+    def to_dict(self) -> dict[str, float]:
+        """A JSON-ready view."""
+        return {"commit_us": self.commit_us, "write_steps_per_s": self.write_steps_per_s}
+
+
+def raw_commit_us(folder: Path, commits: int = 1000) -> float:
+    """µs per raw SQLite commit at ``synchronous=FULL`` in WAL mode, on a fresh file in ``folder``:
+    each a tiny INSERT in its own ``BEGIN IMMEDIATE`` ... ``COMMIT``, as the ledger commits."""
+    if commits < 1:
+        raise ValueError("commits must be at least 1")
+    path = folder / "floor.db"
+    conn = sqlite3.connect(path, isolation_level=None)
+    try:
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA synchronous=FULL")
+        conn.execute("CREATE TABLE t (id INTEGER PRIMARY KEY, v TEXT NOT NULL)")
+
+        def loop(n: int) -> None:
+            for _ in range(n):
+                conn.execute("BEGIN IMMEDIATE")
+                conn.execute("INSERT INTO t (v) VALUES ('x')")
+                conn.execute("COMMIT")
+
+        loop(max(10, commits // 10))  # warm-up: the file's first pages, the WAL's creation
+        return _timed(lambda: loop(commits)) / commits * 1e6
+    finally:
+        conn.close()
+        for suffix in ("", "-wal", "-shm"):
+            Path(f"{path}{suffix}").unlink(missing_ok=True)
 
 
 def warmup_runs(workflows: int) -> int:
@@ -291,10 +363,12 @@ def measure(
     *,
     workflows: int = 100,
     on_run: Callable[[], None] | None = None,
+    floor: Floor | None = None,
 ) -> Result:
     """Time ``workflows`` workflows of ``workload`` on a fresh ledger in ``folder``, after a warm-up,
     and the same calls made directly; ``on_run`` is called after every workflow, warm-up included
-    (for a progress bar; from several threads in "concurrent")."""
+    (for a progress bar; from several threads in "concurrent"). A write workload's result carries
+    ``floor``."""
     if workload not in WORKLOADS + ASYNC_WORKLOADS or mode not in MODES:
         raise ValueError(f"unknown workload {workload!r} or ledger mode {mode!r}")
     if workflows < 1:
@@ -313,7 +387,8 @@ def measure(
             bench.close()
     finally:
         provider.close()
-    return Result(workload, mode, workflows, workflows * STEPS, runtime_s, direct_s)
+    floor_us = floor.commit_us if floor is not None and workload.startswith("write") else None
+    return Result(workload, mode, workflows, workflows * STEPS, runtime_s, direct_s, floor_us)
 
 
 def run_all(
@@ -324,15 +399,19 @@ def run_all(
     on_run: Callable[[], None] | None = None,
 ) -> list[Result]:
     """Every workload under each of ``modes``, each on its own ledger in a temporary folder that
-    is removed afterwards. ``on_start(workload, mode)`` is called before each."""
+    is removed afterwards, the write workloads with the floor measured first in the same folder.
+    ``on_start(workload, mode)`` is called before each."""
     folder = Path(tempfile.mkdtemp(prefix="effectflow-bench-"))
     results = []
     try:
+        floor = Floor(raw_commit_us(folder))
         for mode in modes:
             for workload in WORKLOADS + ASYNC_WORKLOADS:
                 if on_start is not None:
                     on_start(workload, mode)
-                results.append(measure(workload, mode, folder, workflows=workflows, on_run=on_run))
+                results.append(
+                    measure(workload, mode, folder, workflows=workflows, on_run=on_run, floor=floor)
+                )
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     return results

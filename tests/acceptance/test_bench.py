@@ -40,6 +40,18 @@ def test_bench_json_reports_the_three_workloads_under_each_mode() -> None:
         assert row["steps_per_s"] > 0
         assert row["runtime_s"] > 0
         assert isinstance(row["overhead_us_per_step"], float)
+        if row["workload"].startswith("write"):
+            # The floor: a raw commit measured in this run, two of them per write step.
+            assert row["floor_commit_us"] > 0
+            assert row["floor_steps_per_s"] == pytest.approx(1e6 / (2 * row["floor_commit_us"]))
+            assert row["of_floor"] == pytest.approx(row["steps_per_s"] / row["floor_steps_per_s"])
+        else:
+            assert (row["floor_commit_us"], row["floor_steps_per_s"], row["of_floor"]) == (
+                None,
+                None,
+                None,
+            )
+    assert len({r["floor_commit_us"] for r in rows if r["floor_commit_us"] is not None}) == 1
     assert {r["mode"]: (r["ledger_options"], r["durability"]) for r in rows} == {
         "full": ("synchronous=full", "every commit survives power loss"),
         "intents": (
@@ -62,6 +74,20 @@ def test_bench_table_defaults_to_full_and_points_at_the_comparison() -> None:
     assert "synchronous=normal" not in result.stdout
     assert "benchmarks/compare/run.py" in result.stdout
     assert "BENCHMARKS.md" in result.stdout
+    floor = re.search(r"synchronous=FULL took ([\d,]+) µs in this run", result.stdout)
+    assert floor is not None, result.stdout
+    assert int(floor.group(1).replace(",", "")) > 0
+    assert re.search(r"write \(full\): [\d,]+ steps/s, \d\.\d\d of the floor", result.stdout)
+    assert re.search(r"write_async \(full\): [\d,]+ steps/s, \d\.\d\d of the floor", result.stdout)
+
+
+def test_the_raw_commit_floor_is_timed_on_its_own_file_and_removed(tmp_path: Path) -> None:
+    """The floor's commits land in a file of their own in the folder, gone afterwards; a count
+    below 1 is refused."""
+    assert bench.raw_commit_us(tmp_path, 20) > 0
+    assert list(tmp_path.iterdir()) == []
+    with pytest.raises(ValueError, match="at least 1"):
+        bench.raw_commit_us(tmp_path, 0)
 
 
 @pytest.mark.parametrize(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import runpy
 import subprocess
 import sys
 from pathlib import Path
@@ -93,3 +94,18 @@ def test_async_group_commit_benchmark_groups_on_sqlite() -> None:
     by = {(r[1], r[2]): r for r in rows}
     assert float(by[("on (default)", "write")][6].rstrip(" |")) > 1.0
     assert float(by[("off", "write")][6].rstrip(" |")) == 1.0
+
+
+def test_peer_comparison_table_has_the_floor_and_the_write_steps_share_of_it() -> None:
+    """`compare/run.py`'s Markdown has the floor table: the median raw commit, the two-commit
+    write step it allows, and each effectflow write workload's fraction of it."""
+    run = runpy.run_path(str(SCRIPT.parent / "compare" / "run.py"))
+    results = {"effectflow/write": {"steps_per_s": 500.0}}
+    lines = run["floor_lines"](results, [300.0, 250.0, 200.0])
+    assert "| raw SQLite WAL commit, synchronous=FULL (tiny INSERT, 1 per transaction) | 250 |" in (
+        "\n".join(lines)
+    )
+    assert "| a write step's two commits (intent, outcome) | — | 2,000 | — |" in lines
+    assert "| effectflow/write | — | 500 | 0.25 |" in lines
+    assert run["floor_lines"](results, []) == []
+    assert run["floor_json"]([300.0, 250.0, 200.0])["write_steps_per_s"] == 2000.0

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -58,7 +58,9 @@ def bench(
     The workloads of benchmarks/compare: sequential, 8 threads, external writes with a lookup; and
     the pure and write workloads 8 at a time on asyncio (start_async).
 
-    One sample each, timed against the same functions called directly.
+    One sample each, timed against the same functions called directly. Beside them the floor: a
+    raw SQLite WAL commit at synchronous=FULL, timed in the same run, and the write steps/s its two
+    commits per step allow; each write workload's rate is given as a fraction of it.
 
     Side by side with DBOS and LangGraph: benchmarks/compare/run.py in the repository (BENCHMARKS.md).
 
@@ -114,6 +116,27 @@ def _bench_workloads(workflows: int, mode: str, as_json: bool) -> None:
         common.emit_json(rows)
         return
     common.print_rich(render.bench_table(rows))
+    typer.echo(floor_text(rows))
+
+
+def floor_text(rows: list[dict[str, Any]]) -> str:
+    """The lines under the table: the floor and each write workload's share of it."""
+    written = [row for row in rows if row["floor_commit_us"] is not None]
+    if not written:
+        return ""
+    first = written[0]
+    lines = [
+        f"floor: a raw SQLite WAL commit at synchronous=FULL took {first['floor_commit_us']:,.0f} "
+        "µs in this run;",
+        f"  a write step's two commits (intent, outcome) allow at most "
+        f"{first['floor_steps_per_s']:,.0f} steps/s",
+    ]
+    lines += [
+        f"  {row['workload']} ({row['mode']}): {row['steps_per_s']:,.0f} steps/s, "
+        f"{row['of_floor']:.2f} of the floor"
+        for row in written
+    ]
+    return "\n".join(lines)
 
 
 def _bench_hosts(trials: int, hosts_dir: Path | None, only: str | None, as_json: bool) -> None:
