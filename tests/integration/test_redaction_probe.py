@@ -1,0 +1,532 @@
+"""An adversarial probe of what was sent and its redaction (docs/arguments.md): real ledgers (both
+backends) and, where processes matter, real hosts SIGKILLed mid-call and recovered by a process
+that never had the secret, checked against the provider's own record (``redaction_probe_app``).
+
+The promise probed: a secret field never reaches the ledger, the API, the console or a log line,
+while the key, the digest and the payload-conflict check are the same as without redaction.
+
+Each test asserts what a demanding user expects. The ones effectflow gets wrong today are marked
+``xfail(strict=True)`` with the finding as the reason; they pass, and must lose their marker, once
+src/ is fixed. The others are promises that held.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+import redaction_probe_app as app
+from mcp import types
+from typer.testing import CliRunner
+
+import effectflow as ef
+from effectflow import digests
+from effectflow.cli import main as cli_main
+from effectflow.contracts import redaction
+from effectflow.contracts.registry import Registry
+from effectflow.contrib.mcp import config as mcp_config
+from effectflow.contrib.mcp import gateway
+from effectflow.ledger import records
+from effectflow.runtime import guard_args
+
+CHILD = Path(app.__file__)
+#: Secrets unique enough that finding their bytes anywhere is a leak, not a coincidence.
+TOKEN = "tok-7e1b4c9a0d3f5e62"
+OTHER_TOKEN = "tok-2a8d6f0c4e9b1735"
+CARD = "5412-7534-9810-3367"
+API_KEY = "key-b93f0e6c1d4a7258"
+PIN = "4821"
+BIG_ACCOUNT = 98765432109876543210987
+
+# -- findings (the reasons of the xfail markers) -------------------------------------------------
+
+DIGEST_REVEALS = (
+    "the request digest is an unsalted sha256 of the whole call's canonical JSON, recorded beside "
+    "the masked arguments (and in the over-cap marker): a low-entropy masked field (a PIN, a CVV) "
+    "is recovered from the ledger by trying each value, 10,000 digests for a 4-digit PIN"
+)
+NOT_A_MAPPING = (
+    "a path into a field whose value is not a mapping (mask card.number, the card passed as its "
+    "number string) is not applied and the whole value, the secret, is recorded: the rule fails "
+    "open instead of masking the field it cannot look into"
+)
+LIST_OF_LISTS = (
+    "a path applies to the dicts of a list but not to those of a list inside a list "
+    "(batches.token with batches=[[{token: ...}]]): the token is recorded"
+)
+INT_QUOTED = (
+    "an integer argument outside the 64-bit range is quoted whole in the ArgumentError, which a "
+    "workflow's run records as its error: a masked account number reaches the ledger, the API and "
+    "effectflow show"
+)
+KEY_NOT_IDENTIFIER = (
+    "a path must be Python identifiers joined by dots, so a field whose key is not one (a header "
+    "'X-Api-Key', a JSON 'card-number') cannot be named: only its whole parent can be masked"
+)
+MCP_NO_RULE = (
+    "the MCP gateway's configuration has no redaction and silently ignores a 'redact:' key in a "
+    "tool's contract: every argument an MCP client sends (an api_key) is recorded in full in the "
+    "guarded call's input and step"
+)
+
+# -- helpers -------------------------------------------------------------------------------------
+
+
+def _stored(url: str, folder: Path) -> bytes:
+    """Every byte the ledger holds: the SQLite files in ``folder``, or every row of every
+    PostgreSQL table printed as text."""
+    if url.startswith("sqlite"):
+        files = sorted(p for p in folder.rglob("*") if p.is_file() and "ledger" in p.name)
+        assert files, f"no ledger file in {folder}"
+        return b"".join(p.read_bytes() for p in files)
+    with psycopg.connect(url) as pg:
+        tables = [
+            t
+            for (t,) in pg.execute(
+                "SELECT table_name FROM information_schema.tables WHERE table_schema = 'public'"
+            )
+        ]
+        rows = [r for t in tables for (r,) in pg.execute(f'SELECT t::text FROM "{t}" t')]
+    return "\n".join(rows).encode("utf-8")
+
+
+def _step(rt: ef.Runtime, run_id: str, step_id: str) -> records.StepRecord:
+    return next(s for s in rt.store.steps(run_id) if s.step_id == step_id)
+
+
+def _show(url: str, run_id: str) -> str:
+    out = CliRunner().invoke(cli_main.app, ["show", run_id, "--db", url, "--json"])
+    assert out.exit_code == 0, out.output
+    return out.output
+
+
+# -- what the digest and the rule's paths let through --------------------------------------------
+
+
+@ef.tool(
+    "rp_withdraw",
+    effect="external_write",
+    idempotency=ef.Idempotency(supported=True),
+    redact=ef.Redact(mask=["pin"]),
+)
+def withdraw(account: str, amount: int, pin: str, *, idempotency_key: str) -> dict[str, Any]:
+    return {"ok": amount}
+
+
+@ef.workflow("rp_cash")
+def cash(ctx: ef.Context) -> Any:
+    return ctx.call("withdraw", withdraw, account="ac-77", amount=40, pin=PIN)
+
+
+@pytest.mark.xfail(strict=True, reason=DIGEST_REVEALS)
+def test_a_masked_pin_cannot_be_recovered_from_the_ledger(any_ledger: str) -> None:
+    """Someone with the ledger (a read-only replica, a backup) reads the masked arguments and the
+    request digest of the step, and tries every 4-digit PIN: none may match."""
+    with ef.Runtime(any_ledger) as rt:
+        assert rt.start(cash, run_id="cash").status is ef.RunStatus.SUCCEEDED
+    with ef.Runtime(any_ledger) as reader:
+        step = _step(reader, "cash", "withdraw")
+    assert step.arguments == {"account": "ac-77", "amount": 40, "pin": redaction.MASK}
+    shown = dict(step.arguments)
+    found = None
+    for n in range(10_000):
+        shown["pin"] = f"{n:04d}"
+        if "sha256:" + digests.sha256_hex(digests.canonical_json(shown)) == step.request_digest:
+            found = shown["pin"]
+            break
+    assert found is None, f"the masked PIN {found} is the request digest's preimage"
+
+
+@ef.tool(
+    "rp_charge",
+    effect="external_write",
+    idempotency=ef.Idempotency(supported=True),
+    redact=ef.Redact(mask=["card.number"], drop=["batches.token"]),
+)
+def charge(card: Any, batches: list[Any], *, idempotency_key: str) -> dict[str, str]:
+    return {"id": "ch-1"}
+
+
+@ef.workflow("rp_card_as_text")
+def card_as_text(ctx: ef.Context) -> Any:
+    return ctx.call("charge", charge, card=CARD, batches=[])
+
+
+@ef.workflow("rp_nested_batches")
+def nested_batches(ctx: ef.Context) -> Any:
+    card = {"number": "4000-0000-0000-0002"}
+    return ctx.call("charge", charge, card=card, batches=[[{"token": TOKEN, "n": 1}]])
+
+
+@pytest.mark.xfail(strict=True, reason=NOT_A_MAPPING)
+def test_a_path_into_a_value_that_is_not_a_mapping_still_hides_it(tmp_path: Path) -> None:
+    """``mask card.number`` and a caller that passes the card as its number: the secret is the
+    value the path could not look into, and must not be recorded."""
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    with ef.Runtime(url) as rt:
+        assert rt.start(card_as_text, run_id="t").status is ef.RunStatus.SUCCEEDED
+        recorded = _step(rt, "t", "charge").arguments
+    assert CARD.encode() not in _stored(url, tmp_path), f"recorded: {recorded}"
+
+
+@pytest.mark.xfail(strict=True, reason=LIST_OF_LISTS)
+def test_a_path_applies_inside_a_list_of_lists(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    with ef.Runtime(url) as rt:
+        assert rt.start(nested_batches, run_id="n").status is ef.RunStatus.SUCCEEDED
+        recorded = _step(rt, "n", "charge").arguments
+    assert recorded["card"] == {"number": redaction.MASK}  # one level: applied
+    assert TOKEN.encode() not in _stored(url, tmp_path), f"recorded: {recorded}"
+
+
+@ef.tool(
+    "rp_transfer",
+    effect="external_write",
+    idempotency=ef.Idempotency(supported=True),
+    redact=ef.Redact(mask=["account"]),
+)
+def transfer(account: int, *, idempotency_key: str) -> dict[str, str]:
+    return {"id": "tr-1"}
+
+
+@ef.workflow("rp_big_account")
+def big_account(ctx: ef.Context) -> Any:
+    return ctx.call("transfer", transfer, account=BIG_ACCOUNT)
+
+
+@pytest.mark.xfail(strict=True, reason=INT_QUOTED)
+def test_a_refused_masked_argument_is_not_quoted_in_the_recorded_error(
+    any_ledger: str, tmp_path: Path
+) -> None:
+    """The call is refused (a clear error, nothing sent): right. Its message, which the run
+    records, must not carry the masked value."""
+    secret = str(BIG_ACCOUNT)
+    with ef.Runtime(any_ledger) as rt:
+        # A guarded call is refused before anything is recorded; the host gets the message.
+        with pytest.raises(ef.ArgumentError) as refused:
+            rt.guard(transfer, {"account": BIG_ACCOUNT}, scope="g", call_id="c1")
+        assert rt.runs(scope="g") == []
+        failed = rt.start(big_account, run_id="b")
+        assert failed.status is ef.RunStatus.FAILED
+        assert (failed.error or {}).get("type") == "ArgumentError"
+    assert secret.encode() not in _stored(any_ledger, tmp_path), "the run's error holds it"
+    assert secret not in _show(any_ledger, "b"), "effectflow show prints the masked value"
+    assert secret not in str(refused.value), "the host's exception quotes the masked value"
+
+
+def test_a_path_segment_that_is_not_an_identifier_is_refused_clearly() -> None:
+    """The refusal itself holds: a bad path is refused at declaration with what to write."""
+    for bad in ("", "card..number", "items.0.card", " token"):
+        with pytest.raises(ef.ContractError, match="is not a parameter name or a dotted path"):
+            ef.Redact(drop=[bad])
+    with pytest.raises(ef.ContractError, match="in both drop and mask"):
+        ef.Redact(drop=["card.number"], mask=["card.number"])
+
+
+@pytest.mark.xfail(strict=True, reason=KEY_NOT_IDENTIFIER)
+def test_a_header_named_x_api_key_can_be_masked(tmp_path: Path) -> None:
+    rule = ef.Redact(mask=["headers.X-Api-Key"])  # refused today: not an identifier
+
+    @ef.tool("rp_hook", effect="external_write", redact=rule, register=False)
+    def hook(url: str, headers: dict[str, str]) -> str:
+        return "ok"
+
+    assert redaction.apply({"url": "u", "headers": {"X-Api-Key": API_KEY}}, hook.contract.redact)[
+        "headers"
+    ] == {"X-Api-Key": redaction.MASK}
+
+
+# -- what held: the call's identity, and other shapes --------------------------------------------
+
+
+@dataclasses.dataclass
+class Card:
+    number: str
+    exp: str
+
+
+@ef.workflow("rp_typed")
+def typed(ctx: ef.Context) -> Any:
+    card = Card(number=CARD, exp="09/29")
+    return ctx.call("charge", charge, card=card, batches=({"token": TOKEN, "n": 2},))
+
+
+def test_a_dataclass_and_a_tuple_are_redacted_as_their_json(tmp_path: Path) -> None:
+    """The rule applies to the arguments' JSON form (normalized first): a dataclass is a mapping
+    and a tuple a list there."""
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    with ef.Runtime(url) as rt:
+        assert rt.start(typed, run_id="d").status is ef.RunStatus.SUCCEEDED
+        assert _step(rt, "d", "charge").arguments == {
+            "card": {"number": redaction.MASK, "exp": "09/29"},
+            "batches": [{"n": 2}],
+        }
+    stored = _stored(url, tmp_path)
+    assert CARD.encode() not in stored
+    assert TOKEN.encode() not in stored
+
+
+@ef.tool(
+    "rp_letter",
+    effect="external_write",
+    idempotency=ef.Idempotency(supported=True),
+    redact=ef.Redact(mask=["secret"]),
+)
+def letter(body: str, secret: str, *, idempotency_key: str) -> dict[str, str]:
+    return {"id": "l-1"}
+
+
+@ef.workflow("rp_letters")
+def letters(ctx: ef.Context) -> Any:
+    # Multibyte text: 3,000 characters are 9,000 bytes, over the cap only when counted in bytes;
+    # the secret is long and masked, so the redacted form of the second call is under the cap.
+    long_secret = TOKEN + "é" * 10_000
+    ctx.call("over", letter, body="€" * 3_000, secret=TOKEN)
+    return ctx.call("under", letter, body="short", secret=long_secret)
+
+
+def test_the_cap_is_measured_after_redaction_and_its_marker_carries_no_text(
+    any_ledger: str, tmp_path: Path
+) -> None:
+    with ef.Runtime(any_ledger) as rt:
+        assert rt.start(letters, run_id="l").status is ef.RunStatus.SUCCEEDED
+        over = _step(rt, "l", "over")
+        under = _step(rt, "l", "under")
+    assert over.arguments == {
+        redaction.OVER_CAP: {
+            "bytes": len(
+                digests.canonical_json({"body": "€" * 3000, "secret": redaction.MASK}).encode()
+            ),
+            "cap": redaction.CAP_BYTES,
+            "request_digest": over.request_digest,
+        }
+    }
+    assert under.arguments == {"body": "short", "secret": redaction.MASK}
+    assert TOKEN.encode() not in _stored(any_ledger, tmp_path)
+
+
+def test_another_secret_is_another_request_told_apart_by_its_digest(
+    any_ledger: str, tmp_path: Path
+) -> None:
+    """Two calls of a guarded tool that differ only in the dropped token record the same
+    arguments: both are sent (another request, not a repeat), and the operator tells them apart
+    by their request digests; the same call id with another token is a payload conflict whose
+    message carries neither token."""
+    app.PROVIDER["file"] = str(tmp_path / "provider.jsonl")
+    with ef.Runtime(any_ledger) as rt:
+        one = rt.guard(app.pay, {"amount": 7, "token": TOKEN}, scope="s", call_id="c1")
+        two = rt.guard(app.pay, {"amount": 7, "token": OTHER_TOKEN}, scope="s", call_id="c2")
+        assert not two.deduplicated
+        with pytest.raises(ef.IdempotencyConflict) as conflict:
+            rt.guard(app.pay, {"amount": 7, "token": OTHER_TOKEN}, scope="s", call_id="c1")
+        first, second = _step(rt, one.run_id, "call"), _step(rt, two.run_id, "call")
+        assert rt.verify_audit() == []
+    assert [r["token"] for r in app.records()] == [TOKEN, OTHER_TOKEN]
+    assert first.arguments == second.arguments == {"amount": 7}
+    assert first.request_digest != second.request_digest
+    assert first.idempotency_key != second.idempotency_key
+    message = str(conflict.value)
+    assert TOKEN not in message
+    assert OTHER_TOKEN not in message
+    stored = _stored(any_ledger, tmp_path)
+    assert TOKEN.encode() not in stored
+    assert OTHER_TOKEN.encode() not in stored
+
+
+def test_an_archive_of_redacted_runs_holds_no_secret(tmp_path: Path) -> None:
+    """``effectflow archive`` exports the runs as the ledger recorded them: redacted; the file
+    verifies on its own."""
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    app.PROVIDER["file"] = str(tmp_path / "provider.jsonl")
+    with ef.Runtime(url) as rt:
+        assert rt.start(cash, run_id="cash").status is ef.RunStatus.SUCCEEDED
+        rt.guard(app.pay, {"amount": 7, "token": TOKEN}, scope="s", call_id="c1")
+    target = tmp_path / "archive.jsonl"
+    runner = CliRunner()
+    out = runner.invoke(
+        cli_main.app, ["archive", "--before", "2999-01-01", "--to", str(target), "--db", url]
+    )
+    assert out.exit_code == 0, out.output
+    text = target.read_text()
+    # The rows are in it, their JSON columns as text: the step's arguments, redacted.
+    assert '\\"pin\\":\\"[masked]\\"' in text
+    assert TOKEN not in text
+    assert '\\"pin\\":\\"' + PIN not in text
+    out = runner.invoke(cli_main.app, ["audit", "verify", "--archive", str(target)])
+    assert out.exit_code == 0, out.output
+
+
+# -- the MCP gateway -------------------------------------------------------------------------------
+
+
+class _Upstream:
+    """An upstream MCP session as the gateway's tools see it: one that records what it got."""
+
+    def __init__(self) -> None:
+        self.got: list[dict[str, Any]] = []
+
+    def call(self, upstream: str, tool: str, arguments: dict[str, Any]) -> types.CallToolResult:
+        self.got.append(arguments)
+        return types.CallToolResult(content=[], structuredContent={"id": f"m-{len(self.got)}"})
+
+
+@pytest.mark.xfail(strict=True, reason=MCP_NO_RULE)
+def test_the_mcp_gateway_honours_or_refuses_a_redact_rule(tmp_path: Path) -> None:
+    """An operator writes ``redact: {drop: [api_key]}`` in the gateway's contract of a tool: it
+    is either refused (named) or applied; it must not be ignored."""
+    data = {
+        "upstreams": {
+            "hooks": {
+                "command": "unused",
+                "tools": {
+                    "post": {
+                        "effect": "external_write",
+                        "idempotency_key": "idempotency_key",
+                        "effect_id": "id",
+                        "redact": {"drop": ["api_key"]},
+                    }
+                },
+            }
+        }
+    }
+    try:
+        parsed = mcp_config.parse(data)
+    except ef.ContractError:
+        return  # refused, named: fine
+    upstream = _Upstream()
+    cfg = parsed.upstreams[0].tools["post"]
+    made, helpers = gateway.build_tool(upstream, "hooks", cfg, default_timeout=5)  # type: ignore[arg-type]
+    registry = Registry()
+    for t in (made, *helpers):
+        registry.add_tool(t)
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    with ef.Runtime(url, registry=registry) as rt:
+        sent = {"arguments": {"text": "hi", "api_key": API_KEY}}
+        rt.guard(made.ref, sent, scope="mcp", call_id="post:op-1", new_request=True)
+    assert upstream.got == [
+        {"text": "hi", "api_key": API_KEY, "idempotency_key": upstream.got[0]["idempotency_key"]}
+    ]
+    assert API_KEY.encode() not in _stored(url, tmp_path)
+
+
+# -- hosts that die: recovered without the token, continued by their replay ------------------------
+
+
+def _host(
+    url: str, provider: Path, call_id: str, *args: str, slow: float = 0
+) -> subprocess.Popen[str]:
+    env = {"RP_SLOW": str(slow), "PATH": "/usr/bin:/bin"}
+    return subprocess.Popen(
+        [sys.executable, str(CHILD), url, str(provider), "h", call_id, TOKEN, *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+
+
+def _answer(proc: subprocess.Popen[str]) -> dict[str, Any]:
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    return dict(json.loads(out.strip().splitlines()[-1]))
+
+
+def _killed(url: str, provider: Path, point: str) -> None:
+    proc = _host(url, provider, "c1", "--kill", point)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == -9, err
+
+
+def _recover(url: str, provider: Path) -> subprocess.CompletedProcess[str]:
+    """``effectflow recover`` in a process of its own, which never had the token."""
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "effectflow.cli.main",
+            "recover",
+            "--app",
+            str(CHILD),
+            "--db",
+            url,
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"RP_PROVIDER": str(provider), "PATH": "/usr/bin:/bin"},
+    )
+
+
+def _paused_for_host(url: str) -> records.RunRecord:
+    with ef.Runtime(url) as rt:
+        [run] = rt.runs(scope="h")
+    assert run.status is ef.RunStatus.PAUSED, (run.status, run.error)
+    assert (run.error or {}).get("code") == guard_args.NEEDS_HOST
+    return run
+
+
+@pytest.mark.parametrize("point", ["after_intent", "after_call_before_record"])
+def test_a_host_killed_mid_call_is_recovered_without_the_token_and_continued_by_its_replay(
+    any_ledger: str, tmp_path: Path, point: str
+) -> None:
+    """The host is SIGKILLed with its intent recorded (nothing sent), or after the provider
+    charged (the answer lost): ``effectflow recover`` in another process, which has only the
+    redacted arguments, sends nothing and leaves the run waiting for its host; the host's
+    replay charges once in all, with the whole token; the token is in no byte of the ledger."""
+    provider = tmp_path / "provider.jsonl"
+    app.PROVIDER["file"] = str(provider)
+    _killed(any_ledger, provider, point)
+    charged = len(app.records())
+    assert charged == (0 if point == "after_intent" else 1)
+    recovered = _recover(any_ledger, provider)
+    assert recovered.returncode in (0, 3), recovered.stdout + recovered.stderr
+    assert len(app.records()) == charged, "the recovery sent a call"
+    _paused_for_host(any_ledger)
+    first = _answer(_host(any_ledger, provider, "c1"))
+    assert first.get("value") == {"id": "pay_1", "amount": 7}, first
+    again = _answer(_host(any_ledger, provider, "c1"))
+    assert again["value"] == first["value"]
+    assert [(r["amount"], r["token"]) for r in app.records()] == [(7, TOKEN)]
+    assert TOKEN.encode() not in _stored(any_ledger, tmp_path)
+    assert TOKEN not in recovered.stdout + recovered.stderr
+    with ef.Runtime(any_ledger) as rt:
+        assert rt.verify_audit() == []
+
+
+def test_two_hosts_replaying_a_call_that_waits_for_them_charge_once(
+    any_ledger: str, tmp_path: Path
+) -> None:
+    """The call waits for its host (recovered without the token); two host processes replay it
+    at the same moment, the provider slow: one charge, and each host gets it or a clear error."""
+    provider = tmp_path / "provider.jsonl"
+    app.PROVIDER["file"] = str(provider)
+    _killed(any_ledger, provider, "after_intent")
+    _recover(any_ledger, provider)
+    _paused_for_host(any_ledger)
+    gate = threading.Barrier(2)
+    procs: list[subprocess.Popen[str]] = []
+
+    def start() -> None:
+        gate.wait()
+        procs.append(_host(any_ledger, provider, "c1", slow=0.3))
+
+    threads = [threading.Thread(target=start) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    answers = [_answer(p) for p in procs]
+    assert len(app.records()) == 1, answers
+    values = [a["value"] for a in answers if "value" in a]
+    assert values, answers
+    assert all(v == {"id": "pay_1", "amount": 7} for v in values), answers
+    final = _answer(_host(any_ledger, provider, "c1"))
+    assert final.get("value") == {"id": "pay_1", "amount": 7}, (final, answers)
