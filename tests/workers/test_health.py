@@ -19,7 +19,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -41,17 +41,6 @@ ROOT = Path(__file__).resolve().parents[2]
 EFFECTFLOW = shutil.which("effectflow", path=str(Path(sys.executable).parent)) or "effectflow"
 #: How often the tests probe, as an orchestrator would (faster).
 POLL = 0.05
-
-
-@pytest.fixture
-def world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    monkeypatch.setenv("EFFECTFLOW_TEST_DIR", str(tmp_path))
-    monkeypatch.delenv("EFFECTFLOW_PROVIDERS_URL", raising=False)
-    app.providers.cache_clear()
-    yield tmp_path
-    for provider in app.providers():
-        provider.close()
-    app.providers.cache_clear()
 
 
 class Proc:

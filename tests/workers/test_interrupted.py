@@ -12,7 +12,6 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -37,17 +36,6 @@ def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     if request.param == "postgres":
         return str(request.getfixturevalue("pg_url"))
     return ledger_url(tmp_path)
-
-
-@pytest.fixture
-def world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    monkeypatch.setenv("EFFECTFLOW_TEST_DIR", str(tmp_path))
-    monkeypatch.delenv("EFFECTFLOW_PROVIDERS_URL", raising=False)
-    app.providers.cache_clear()
-    yield tmp_path
-    for provider in app.providers():
-        provider.close()
-    app.providers.cache_clear()
 
 
 def env_for(world: Path) -> dict[str, str]:

@@ -14,10 +14,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
-
-import pytest
 
 import effectflow as ef
 from effectflow.runtime.worker import Worker
@@ -27,17 +24,6 @@ from . import app
 
 ROOT = Path(__file__).resolve().parents[2]
 EFFECTFLOW = shutil.which("effectflow", path=str(Path(sys.executable).parent)) or "effectflow"
-
-
-@pytest.fixture
-def world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    monkeypatch.setenv("EFFECTFLOW_TEST_DIR", str(tmp_path))
-    monkeypatch.delenv("EFFECTFLOW_PROVIDERS_URL", raising=False)
-    app.providers.cache_clear()
-    yield tmp_path
-    for provider in app.providers():
-        provider.close()
-    app.providers.cache_clear()
 
 
 def ledger_url(folder: Path) -> str:
