@@ -6,10 +6,11 @@ its own record of what was sent, shared by the processes of a test. ``rp_pay`` d
 from what the ledger records; the provider deduplicates by idempotency key, so a retry with the
 original key is the same payment.
 
-``python redaction_probe_app.py LEDGER PROVIDER SCOPE CALL_ID TOKEN [--kill POINT]`` makes one
-guarded call of ``rp_pay`` as a host would and prints one JSON line: ``{"value": ...}`` or
-``{"error": ...}``; with ``--kill`` the process SIGKILLs itself at that fault point
-(``after_intent``, ``after_call_before_record``). ``effectflow recover --app`` this file registers
+``python redaction_probe_app.py LEDGER PROVIDER SCOPE CALL_ID TOKEN [--kill POINT] [--tool T]``
+makes one guarded call of ``rp_pay`` (``--tool refund``: ``rp_refund``, which needs an approval)
+as a host would and prints one JSON line: ``{"value": ...}`` or ``{"error": ...}``; with
+``--kill`` the process SIGKILLs itself at that fault point (``after_intent``,
+``after_call_before_record``). ``effectflow recover --app`` this file registers
 the tools in a process that never had the token.
 """
 
@@ -54,6 +55,26 @@ def pay(amount: int, token: str, *, idempotency_key: str) -> dict[str, Any]:
     """Charges with ``token``; a second call with the same key answers the first charge (the
     provider's idempotency), so a repeated effect shows as a second line only if the key differs.
     """
+    return _charge(amount, token, idempotency_key)
+
+
+@ef.tool(
+    "rp_refund",
+    effect="financial_write",
+    idempotency=ef.Idempotency(supported=True),
+    effect_id="id",
+    retry=FAST,
+    redact=ef.Redact(drop=["token"]),
+)
+def refund(amount: int, token: str, *, idempotency_key: str) -> dict[str, Any]:
+    """Moves money: a person approves each call first; otherwise ``pay``."""
+    return _charge(amount, token, idempotency_key)
+
+
+TOOLS = {"pay": pay, "refund": refund}
+
+
+def _charge(amount: int, token: str, idempotency_key: str) -> dict[str, Any]:
     if SLOW["seconds"]:
         time.sleep(SLOW["seconds"])
     with Path(PROVIDER["file"]).open("a+") as fh:
@@ -75,9 +96,13 @@ def main(argv: list[str]) -> None:
     faults = None
     if "--kill" in argv:
         faults = testing.FaultPlan.kill_at(argv[argv.index("--kill") + 1])
+    tool = TOOLS[argv[argv.index("--tool") + 1] if "--tool" in argv else "pay"]
     with ef.Runtime(ledger, faults=faults) as rt:
         try:
-            done = rt.guard(pay, {"amount": 7, "token": token}, scope=scope, call_id=call_id)
+            done = rt.guard(tool, {"amount": 7, "token": token}, scope=scope, call_id=call_id)
+        except ef.NeedsPerson as asked:
+            print(json.dumps({"error": "NeedsPerson", "run_id": asked.run_id, "kind": asked.kind}))
+            return
         except ef.EffectflowError as exc:
             print(json.dumps({"error": type(exc).__name__, "message": str(exc)}))
             return

@@ -530,3 +530,71 @@ def test_two_hosts_replaying_a_call_that_waits_for_them_charge_once(
     assert all(v == {"id": "pay_1", "amount": 7} for v in values), answers
     final = _answer(_host(any_ledger, provider, "c1"))
     assert final.get("value") == {"id": "pay_1", "amount": 7}, (final, answers)
+
+
+def _cli(url: str, provider: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """An ``effectflow`` command in a process of its own, which never had the token (``--app``
+    this probe's tools, for the commands that run them)."""
+    app_arg = [] if args[0] == "attention" else ["--app", str(CHILD)]
+    return subprocess.run(
+        [sys.executable, "-m", "effectflow.cli.main", *args, *app_arg, "--db", url],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"RP_PROVIDER": str(provider), "PATH": "/usr/bin:/bin"},
+    )
+
+
+def test_an_approval_given_in_another_process_waits_for_the_host_and_is_sent_once(
+    any_ledger: str, tmp_path: Path
+) -> None:
+    """A redacted guarded call that needs an approval, approved with ``effectflow approve`` in
+    another process (which has only the redacted arguments): nothing is sent there; the run waits
+    for its host and is no longer an approval in the attention queue; the host's replay refunds
+    once, with the token."""
+    provider = tmp_path / "provider.jsonl"
+    app.PROVIDER["file"] = str(provider)
+    asked = _answer(_host(any_ledger, provider, "c1", "--tool", "refund"))
+    assert (asked.get("error"), asked.get("kind")) == ("NeedsPerson", "approval"), asked
+    waiting = _cli(any_ledger, provider, "attention", "--json")
+    assert waiting.returncode == 3, waiting.stdout + waiting.stderr
+    assert [i["kind"] for i in json.loads(waiting.stdout)] == ["approval"], waiting.stdout
+    approved = _cli(
+        any_ledger, provider, "approve", asked["run_id"], "call", "--approver", "ops",
+        "--approval-id", "A-rp-1",
+    )  # fmt: skip
+    assert approved.returncode in (0, 3), approved.stdout + approved.stderr
+    assert app.records() == [], "the approving process sent the redacted call"
+    _paused_for_host(any_ledger)
+    attention = _cli(any_ledger, provider, "attention", "--json")
+    assert attention.returncode == 0, attention.stdout + attention.stderr
+    assert json.loads(attention.stdout) == [], attention.stdout
+    done = _answer(_host(any_ledger, provider, "c1", "--tool", "refund"))
+    assert done.get("value") == {"id": "pay_1", "amount": 7}, done
+    assert _answer(_host(any_ledger, provider, "c1", "--tool", "refund"))["value"] == done["value"]
+    assert [(r["amount"], r["token"]) for r in app.records()] == [(7, TOKEN)]
+    for out in (waiting, approved, attention):
+        assert TOKEN not in out.stdout + out.stderr
+    assert TOKEN.encode() not in _stored(any_ledger, tmp_path)
+
+
+def test_a_regenerated_call_of_one_waiting_for_its_host_charges_once(
+    any_ledger: str, tmp_path: Path
+) -> None:
+    """The host dies after the intent of c1 (recovered without the token: waiting for its host),
+    then its conversation regenerates the call as c2 (same tool and arguments): c2 is not a
+    second charge, before or after c1 is continued by its replay."""
+    provider = tmp_path / "provider.jsonl"
+    app.PROVIDER["file"] = str(provider)
+    _killed(any_ledger, provider, "after_intent")
+    _recover(any_ledger, provider)
+    _paused_for_host(any_ledger)
+    regenerated = _answer(_host(any_ledger, provider, "c2"))
+    original = _answer(_host(any_ledger, provider, "c1"))
+    again = _answer(_host(any_ledger, provider, "c2"))
+    answers = [regenerated, original, again]
+    assert len(app.records()) == 1, answers
+    assert original.get("value") == {"id": "pay_1", "amount": 7}, answers
+    for answer in (regenerated, again):
+        assert answer.get("value", original["value"]) == original["value"], answers
+        assert "value" in answer or answer["error"] == "NeedsPerson", answers
