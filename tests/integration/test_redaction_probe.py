@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import subprocess
 import sys
 import threading
@@ -598,3 +599,63 @@ def test_a_regenerated_call_of_one_waiting_for_its_host_charges_once(
     for answer in (regenerated, again):
         assert answer.get("value", original["value"]) == original["value"], answers
         assert "value" in answer or answer["error"] == "NeedsPerson", answers
+
+
+def _span_text(span: Any) -> str:
+    parts = [span.name, repr(dict(span.attributes or {})), repr(span.status.description)]
+    parts += [f"{e.name} {dict(e.attributes or {})!r}" for e in span.events]
+    return "\n".join(parts)
+
+
+def test_no_secret_reaches_a_span_a_metric_or_a_log_line(
+    any_ledger: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Spans (their attributes, events and status), metrics and every log record of redacted
+    workflow steps and guarded calls (done, refused as a conflict, waiting for an approval and
+    then for the host) carry no secret, and no masked PIN."""
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from effectflow import telemetry
+
+    spans, metrics = InMemorySpanExporter(), InMemoryMetricReader()
+    tracer_provider = TracerProvider()
+    tracer_provider.add_span_processor(SimpleSpanProcessor(spans))
+    meter_provider = MeterProvider(metric_readers=[metrics])
+    telemetry.use(tracer_provider=tracer_provider, meter_provider=meter_provider)
+    caplog.set_level(logging.DEBUG)
+    app.PROVIDER["file"] = str(tmp_path / "provider.jsonl")
+    try:
+        with ef.Runtime(any_ledger) as rt:
+            assert rt.start(cash, run_id="cash").status is ef.RunStatus.SUCCEEDED
+            assert rt.start(typed, run_id="typed").status is ef.RunStatus.SUCCEEDED
+            rt.guard(app.pay, {"amount": 7, "token": TOKEN}, scope="s", call_id="c1")
+            with pytest.raises(ef.IdempotencyConflict):
+                rt.guard(app.pay, {"amount": 7, "token": OTHER_TOKEN}, scope="s", call_id="c1")
+            with pytest.raises(ef.NeedsPerson) as asked:
+                rt.guard(app.refund, {"amount": 7, "token": TOKEN}, scope="s", call_id="r1")
+            assert asked.value.run_id is not None
+            waiting = rt.approve(asked.value.run_id, "call", approver="ops", approval_id="A-t")
+            assert (waiting.error or {}).get("code") == guard_args.NEEDS_HOST
+            rt.guard(app.refund, {"amount": 7, "token": TOKEN}, scope="s", call_id="r1")
+        data = metrics.get_metrics_data()
+    finally:
+        telemetry.use()
+        tracer_provider.shutdown()
+        meter_provider.shutdown()
+    finished = spans.get_finished_spans()
+    assert {s.name for s in finished} >= {"effectflow.step"}, [s.name for s in finished]
+    assert len(app.records()) == 2  # the pay and the refund, each once
+    texts = {f"span {s.name}": _span_text(s) for s in finished}
+    texts["metrics"] = data.to_json() if data is not None else ""
+    assert caplog.records, "nothing was logged: the log check would prove nothing"
+    for record in caplog.records:
+        texts[f"log {record.name}"] = texts.get(f"log {record.name}", "") + (
+            record.getMessage() + repr(record.args) + (record.exc_text or "")
+        )
+    for where, text in texts.items():
+        for secret in (TOKEN, OTHER_TOKEN, CARD, f"pin={PIN}", f"'pin': '{PIN}'"):
+            assert secret not in text, f"{secret} in {where}"
