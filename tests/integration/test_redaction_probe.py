@@ -719,6 +719,7 @@ def test_an_http_tool_refused_by_its_provider_records_no_masked_argument(tmp_pat
             step = _step(rt, "h", "post")
     finally:
         server.shutdown()
+        server.server_close()
     assert ended.status is ef.RunStatus.FAILED, ended.status
     assert step.arguments == {"hook_secret": "[masked]", "api_key": "[masked]", "text": "hi"}
     stored = _stored(url, tmp_path)
