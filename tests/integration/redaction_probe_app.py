@@ -10,8 +10,9 @@ original key is the same payment.
 makes one guarded call of ``rp_pay`` (``--tool refund``: ``rp_refund``, which needs an approval)
 as a host would and prints one JSON line: ``{"value": ...}`` or ``{"error": ...}``; with
 ``--kill`` the process SIGKILLs itself at that fault point (``after_intent``,
-``after_call_before_record``). ``effectflow recover --app`` this file registers
-the tools in a process that never had the token.
+``after_call_before_record``); with ``--workflow`` the call is the step of an ``rp_checkout``
+run instead (run id CALL_ID, the token in its vault). ``effectflow recover --app`` this file
+registers the tools in a process that never had the token (a workflow's, given ``RP_VAULT``).
 """
 
 from __future__ import annotations
@@ -74,6 +75,13 @@ def refund(amount: int, token: str, *, idempotency_key: str) -> dict[str, Any]:
 TOOLS = {"pay": pay, "refund": refund}
 
 
+@ef.workflow("rp_checkout")
+def checkout(ctx: ef.Context, amount: int) -> Any:
+    """A workflow that charges with a token from its vault (``RP_VAULT``: every process of the
+    application has it), never from its input, which is not redacted."""
+    return ctx.call("pay", pay, amount=amount, token=os.environ["RP_VAULT"])
+
+
 def _charge(amount: int, token: str, idempotency_key: str) -> dict[str, Any]:
     if SLOW["seconds"]:
         time.sleep(SLOW["seconds"])
@@ -98,6 +106,10 @@ def main(argv: list[str]) -> None:
         faults = testing.FaultPlan.kill_at(argv[argv.index("--kill") + 1])
     tool = TOOLS[argv[argv.index("--tool") + 1] if "--tool" in argv else "pay"]
     with ef.Runtime(ledger, faults=faults) as rt:
+        if "--workflow" in argv:  # the call as a workflow's step, run id CALL_ID, token vaulted
+            os.environ["RP_VAULT"] = token
+            print(json.dumps({"status": rt.start(checkout, run_id=call_id, amount=7).status}))
+            return
         try:
             done = rt.guard(tool, {"amount": 7, "token": token}, scope=scope, call_id=call_id)
         except ef.NeedsPerson as asked:

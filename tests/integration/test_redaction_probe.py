@@ -725,3 +725,61 @@ def test_an_http_tool_refused_by_its_provider_records_no_masked_argument(tmp_pat
     stored = _stored(url, tmp_path)
     assert API_KEY.encode() not in stored, (step.error, ended.error)
     assert HOOK_SECRET.encode() not in stored, (step.error, ended.error)
+
+
+def test_a_workflow_step_killed_mid_call_is_recovered_under_its_rule(tmp_path: Path) -> None:
+    """A workflow's redacted step, its process SIGKILLed after the provider charged: ``effectflow
+    recover`` in another process (the application's: its vault has the token) retries with the
+    original key (one charge) and records the step's arguments under the rule again; the token is
+    in no byte of the ledger."""
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    provider = tmp_path / "provider.jsonl"
+    app.PROVIDER["file"] = str(provider)
+    proc = _host(url, provider, "w1", "--workflow", "--kill", "after_call_before_record")
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == -9, err
+    assert len(app.records()) == 1
+    recovered = subprocess.run(
+        [sys.executable, "-m", "effectflow.cli.main", "recover", "--app", str(CHILD), "--db", url],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"RP_PROVIDER": str(provider), "RP_VAULT": TOKEN, "PATH": "/usr/bin:/bin"},
+    )
+    assert recovered.returncode == 0, recovered.stdout + recovered.stderr
+    with ef.Runtime(url) as rt:
+        run = rt.run("w1")
+        step = _step(rt, "w1", "pay")
+        assert rt.verify_audit() == []
+    assert run.status is ef.RunStatus.SUCCEEDED, (run.status, run.error)
+    assert run.output == {"id": "pay_1", "amount": 7}
+    assert step.arguments == {"amount": 7}
+    assert [(r["amount"], r["token"]) for r in app.records()] == [(7, TOKEN)]
+    assert TOKEN.encode() not in _stored(url, tmp_path)
+    assert TOKEN not in recovered.stdout + recovered.stderr
+
+
+@ef.tool(
+    "rp_fields",
+    effect="external_write",
+    idempotency=ef.Idempotency(supported=True),
+    redact=ef.Redact(drop=["token"], mask=["auth.password"]),
+)
+def fields(to: str, *, idempotency_key: str, **extra: Any) -> dict[str, Any]:
+    return {"got": sorted(extra)}
+
+
+def test_a_rule_on_a_kwargs_tool_applies_to_the_names_it_was_given(tmp_path: Path) -> None:
+    """A ``**kwargs`` tool takes any path; the call's extra names are redacted like parameters
+    (the whole call still reaches the tool), in the guarded call's input and its step."""
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    args = {"to": "a", "token": TOKEN, "auth": {"password": OTHER_TOKEN, "user": "li"}}
+    with ef.Runtime(url) as rt:
+        done = rt.guard(fields, args, scope="k", call_id="c1")
+        shown = {"to": "a", "auth": {"password": redaction.MASK, "user": "li"}}
+        assert done.value == {"got": ["auth", "token"]}
+        assert rt.run(done.run_id).input["arguments"] == shown
+        assert _step(rt, done.run_id, "call").arguments == shown
+    stored = _stored(url, tmp_path)
+    assert TOKEN.encode() not in stored
+    assert OTHER_TOKEN.encode() not in stored
