@@ -54,23 +54,10 @@ DIGEST_REVEALS = (
     "the masked arguments (and in the over-cap marker): a low-entropy masked field (a PIN, a CVV) "
     "is recovered from the ledger by trying each value, 10,000 digests for a 4-digit PIN"
 )
-NOT_A_MAPPING = (
-    "a path into a field whose value is not a mapping (mask card.number, the card passed as its "
-    "number string) is not applied and the whole value, the secret, is recorded: the rule fails "
-    "open instead of masking the field it cannot look into"
-)
-LIST_OF_LISTS = (
-    "a path applies to the dicts of a list but not to those of a list inside a list "
-    "(batches.token with batches=[[{token: ...}]]): the token is recorded"
-)
 INT_QUOTED = (
     "an integer argument outside the 64-bit range is quoted whole in the ArgumentError, which a "
     "workflow's run records as its error: a masked account number reaches the ledger, the API and "
     "effectflow show"
-)
-KEY_NOT_IDENTIFIER = (
-    "a path must be Python identifiers joined by dots, so a field whose key is not one (a header "
-    "'X-Api-Key', a JSON 'card-number') cannot be named: only its whole parent can be masked"
 )
 MCP_NO_RULE = (
     "the MCP gateway's configuration has no redaction and silently ignores a 'redact:' key in a "
@@ -167,7 +154,6 @@ def nested_batches(ctx: ef.Context) -> Any:
     return ctx.call("charge", charge, card=card, batches=[[{"token": TOKEN, "n": 1}]])
 
 
-@pytest.mark.xfail(strict=True, reason=NOT_A_MAPPING)
 def test_a_path_into_a_value_that_is_not_a_mapping_still_hides_it(tmp_path: Path) -> None:
     """``mask card.number`` and a caller that passes the card as its number: the secret is the
     value the path could not look into, and must not be recorded."""
@@ -178,7 +164,6 @@ def test_a_path_into_a_value_that_is_not_a_mapping_still_hides_it(tmp_path: Path
     assert CARD.encode() not in _stored(url, tmp_path), f"recorded: {recorded}"
 
 
-@pytest.mark.xfail(strict=True, reason=LIST_OF_LISTS)
 def test_a_path_applies_inside_a_list_of_lists(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'ledger.db'}"
     with ef.Runtime(url) as rt:
@@ -225,16 +210,15 @@ def test_a_refused_masked_argument_is_not_quoted_in_the_recorded_error(
 
 def test_a_path_segment_that_is_not_an_identifier_is_refused_clearly() -> None:
     """The refusal itself holds: a bad path is refused at declaration with what to write."""
-    for bad in ("", "card..number", "items.0.card", " token"):
+    for bad in ("", "card..number", " token", "card. number", "0.card"):
         with pytest.raises(ef.ContractError, match="is not a parameter name or a dotted path"):
             ef.Redact(drop=[bad])
     with pytest.raises(ef.ContractError, match="in both drop and mask"):
         ef.Redact(drop=["card.number"], mask=["card.number"])
 
 
-@pytest.mark.xfail(strict=True, reason=KEY_NOT_IDENTIFIER)
 def test_a_header_named_x_api_key_can_be_masked(tmp_path: Path) -> None:
-    rule = ef.Redact(mask=["headers.X-Api-Key"])  # refused today: not an identifier
+    rule = ef.Redact(mask=["headers.X-Api-Key"])  # after the parameter, any key without a dot
 
     @ef.tool("rp_hook", effect="external_write", redact=rule, register=False)
     def hook(url: str, headers: dict[str, str]) -> str:

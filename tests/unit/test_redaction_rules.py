@@ -28,7 +28,8 @@ def _charge(amount: int, card: dict[str, Any], token: str, *, idempotency_key: s
 
 def test_drop_removes_and_mask_marks_nested_and_in_lists() -> None:
     """Dropped fields are gone, masked ones read "[masked]", in nested mappings and in each
-    element of a list; the arguments given are not changed."""
+    element of a list, and a value where the path needed a mapping is masked; the arguments
+    given are not changed."""
     rule = ef.Redact(drop=["token", "items.secret"], mask=["card.number"])
     given = {
         "amount": 5,
@@ -40,7 +41,9 @@ def test_drop_removes_and_mask_marks_nested_and_in_lists() -> None:
     assert shown == {
         "amount": 5,
         "card": {"number": "[masked]", "exp": "12/30"},
-        "items": [{"n": 1}, "plain"],
+        # Where the path expected a mapping, the value it could not look into may be the
+        # secret itself: masked whole (the rule fails closed).
+        "items": [{"n": 1}, "[masked]"],
     }
     assert given["token"] == "tok-1"
     assert given["card"]["number"] == "4242"

@@ -32,10 +32,14 @@ class Redact:
     """A tool's redaction rule: which argument fields a step records without their values.
 
     Each path is a parameter name, or a dotted path into a parameter that is a mapping
-    (``"card.number"``); inside a list, the path applies to each element. ``drop`` removes the
-    field from what is recorded; ``mask`` keeps the field with the value ``"[masked]"``, so the
-    operator sees it was sent. A path must name a parameter of the tool (checked when the tool is
-    declared); a field missing from one call is simply not there to redact.
+    (``"card.number"``, ``"headers.X-Api-Key"``: after the parameter, a segment is any key without
+    a dot); inside a list (and a list of lists), the path applies to each element. ``drop``
+    removes the field from what is recorded; ``mask`` keeps the field with the value
+    ``"[masked]"``, so the operator sees it was sent. A path must name a parameter of the tool
+    (checked when the tool is declared); a field missing from one call is simply not there to
+    redact. Where a call passes something else than a mapping at a point the path goes through
+    (the card as its number, not ``{"number": ...}``), that value is recorded as ``"[masked]"``:
+    the rule fails closed, since the value it could not look into may be the secret.
     """
 
     #: Fields removed from the recorded arguments.
@@ -84,10 +88,12 @@ class Redact:
 
 
 def _check_syntax(name: str, path: object) -> None:
-    if not isinstance(path, str) or not all(part.isidentifier() for part in path.split(".")):
+    """A parameter name, then keys: any text but empty or with surrounding blanks."""
+    parts = path.split(".") if isinstance(path, str) else []
+    if not parts or not parts[0].isidentifier() or any(p != p.strip() or not p for p in parts):
         raise errors.ContractError(
             f"redact {name} path {path!r} is not a parameter name or a dotted path such as "
-            "'card.number'"
+            "'card.number' or 'headers.X-Api-Key'"
         )
 
 
@@ -134,14 +140,19 @@ def _redacted(value: dict[str, Any], parts: list[str], *, drop: bool) -> dict[st
         else:
             out[head] = MASK
         return out
-    inner = value[head]
-    if isinstance(inner, dict):
-        out[head] = _redacted(inner, rest, drop=drop)
-    elif isinstance(inner, list):
-        out[head] = [
-            _redacted(item, rest, drop=drop) if isinstance(item, dict) else item for item in inner
-        ]
+    out[head] = _inside(value[head], rest, drop=drop)
     return out
+
+
+def _inside(value: Any, parts: list[str], *, drop: bool) -> Any:
+    """``value`` with the rest of a path applied: into a mapping, into each element of a list
+    (at any depth), and a value the path cannot go into (a scalar where a mapping was expected)
+    masked whole, since it may be the secret itself; null stays null."""
+    if isinstance(value, dict):
+        return _redacted(value, parts, drop=drop)
+    if isinstance(value, list):
+        return [_inside(item, parts, drop=drop) for item in value]
+    return value if value is None else MASK
 
 
 def recorded(
