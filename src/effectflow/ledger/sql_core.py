@@ -109,6 +109,11 @@ class SQLCore(abc.ABC):
     _ORDER_BY_RUN: ClassVar[bool] = False
     #: The columns that order claimed runs created at the same moment, after ``created_at``.
     _TIE_COLUMNS: ClassVar[tuple[str, ...]] = ()
+    #: A fenced batch checks its token by a read (``fence_read``) and extends the lease in its
+    #: one UPDATE of the run at the end (SQLite: ``BEGIN IMMEDIATE`` holds the file's write lock,
+    #: so nothing can move the token between the two); otherwise ``fence_run``'s UPDATE takes the
+    #: row's lock first (PostgreSQL) and the run is updated a second time for the batch's changes.
+    _FENCE_BY_READ: ClassVar[bool] = False
 
     def _savepoint(self, conn: Any) -> None:
         """Open the savepoint one batch of a group runs in."""
@@ -375,17 +380,30 @@ class SQLCore(abc.ABC):
             changes["seal_head"], changes["seal_count"] = sealed[1], sealed[2]
         if changes:
             changes.setdefault("updated_at", now)
-            assignments = ", ".join(f"{rowmap.column(k)} = {self._MARK}" for k in changes)
-            self._exec(
-                conn,
-                self.SQL["update_run"].format(assignments=assignments),
-                [*(rowmap.value(k, v) for k, v in changes.items()), batch.run_id],
-            )
+        self._update_run(conn, batch, changes, lease_ttl=lease_ttl, now=now)
         self._wrote(conn, batch, changes)
         seal = None if sealed is None else sealed[0]
         if "control" in changes:
             return changes["control"], seal
         return rowmap.loads(head["control_json"]), seal
+
+    def _update_run(
+        self, conn: Any, batch: Batch, changes: dict[str, Any], *, lease_ttl: float, now: float
+    ) -> None:
+        """The batch's one UPDATE of its run: its changes, and, when the fence was a read, the
+        lease's extension first (so a change of the batch's own to the lease is the one kept, as
+        when ``fence_run`` had extended it before)."""
+        values = {rowmap.column(k): rowmap.value(k, v) for k, v in changes.items()}
+        if self._FENCE_BY_READ and batch.lease_token is not None:
+            values = {"lease_expires_at": now + lease_ttl, **values}
+        if not values:
+            return
+        assignments = ", ".join(f"{column} = {self._MARK}" for column in values)
+        self._exec(
+            conn,
+            self.SQL["update_run"].format(assignments=assignments),
+            [*values.values(), batch.run_id],
+        )
 
     def _lock_run(self, conn: Any, batch: Batch, *, lease_ttl: float, now: float) -> rowmap.Row:
         """Insert the batch's new run, or fence its lease, or lock its row: its head either way.
@@ -408,9 +426,12 @@ class SQLCore(abc.ABC):
                     run_id=run.run_id,
                 )
         if batch.lease_token is not None:
-            head = self._one(
-                conn, self.SQL["fence_run"], (now + lease_ttl, batch.run_id, batch.lease_token)
-            )
+            if self._FENCE_BY_READ:
+                head = self._one(conn, self.SQL["fence_read"], (batch.run_id, batch.lease_token))
+            else:
+                head = self._one(
+                    conn, self.SQL["fence_run"], (now + lease_ttl, batch.run_id, batch.lease_token)
+                )
             if head is None:
                 raise errors.LeaseLost(
                     f"run {batch.run_id}: lease token {batch.lease_token} is no longer current; "
@@ -475,14 +496,15 @@ def chain_events(
     """The batch's audit rows chained onto ``prev``; returns them with the new head and length."""
     rows = []
     for draft in batch.audit:
-        digest = audit_chain.event_hash(
+        detail_json = digests.canonical_json(draft.detail)  # printed once: hashed and stored
+        digest = audit_chain.event_hash_of_text(
             prev,
             run_id=batch.run_id,
             step_id=draft.step_id,
             effect_id=draft.effect_id,
             kind=draft.kind,
             actor=draft.actor,
-            detail=draft.detail,
+            detail_json=detail_json,
             at=draft.at,
             key=key,
         )
@@ -493,7 +515,7 @@ def chain_events(
                 draft.effect_id,
                 draft.kind,
                 draft.actor,
-                digests.canonical_json(draft.detail),
+                detail_json,
                 draft.at,
                 prev,
                 digest,

@@ -98,6 +98,8 @@ class SQLiteStore(SQLCore, SQLReads):
     DIALECT = "sqlite"
     SQL = queries.statements("sqlite")
     _MARK = "?"
+    #: BEGIN IMMEDIATE holds the file's write lock: a batch's fence is a read, its run updated once.
+    _FENCE_BY_READ = True
 
     def __init__(self, url: str) -> None:
         self.url = url

@@ -85,7 +85,36 @@ def event_hash(
     key: bytes | None = None,
 ) -> str:
     """sha256 (or HMAC with ``key``) over the previous hash and the event's canonical content."""
-    body = digests.canonical_json([run_id, step_id, effect_id, kind, actor, detail, at])
+    return event_hash_of_text(
+        prev_hash,
+        run_id=run_id,
+        step_id=step_id,
+        effect_id=effect_id,
+        kind=kind,
+        actor=actor,
+        detail_json=digests.canonical_json(detail),
+        at=at,
+        key=key,
+    )
+
+
+def event_hash_of_text(
+    prev_hash: str,
+    *,
+    run_id: str,
+    step_id: str | None,
+    effect_id: str | None,
+    kind: str,
+    actor: str,
+    detail_json: str,
+    at: float,
+    key: bytes | None = None,
+) -> str:
+    """``event_hash`` with the detail already printed canonically (as the audit row stores it):
+    the write path prints it once for both. The body is the canonical JSON of the list, built
+    from its items' canonical prints (a list prints as its items joined, without spaces)."""
+    head = digests.canonical_json([run_id, step_id, effect_id, kind, actor])
+    body = f"{head[:-1]},{detail_json},{digests.canonical_json(at)}]"
     return _hash(key, f"{prev_hash}\n{body}")
 
 

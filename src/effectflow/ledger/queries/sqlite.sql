@@ -26,6 +26,14 @@ UPDATE runs SET lease_expires_at = ? WHERE run_id = ? AND lease_token = ?
 RETURNING audit_head, audit_count, seal_head, seal_count, control_json, status, output_json,
           error_json, next_action, generation, workflow_version, workflow_code;
 
+-- name: fence_read (sqlite only)
+-- A fenced batch on SQLite: BEGIN IMMEDIATE holds the file's write lock already, so the token is
+-- checked by a read, and the lease is extended by the batch's one UPDATE of the run at its end
+-- (sql_core._apply_txn): one run-row write a transaction, not two. No row: the lease was lost.
+SELECT audit_head, audit_count, seal_head, seal_count, control_json, status, output_json,
+       error_json, next_action, generation, workflow_version, workflow_code
+FROM runs WHERE run_id = ? AND lease_token = ?;
+
 -- name: lock_run
 -- An unfenced batch (a person's decision, a cancel) reads its run's head; BEGIN IMMEDIATE has
 -- locked the file already.
