@@ -120,10 +120,13 @@ def _text_problem(text: str, what: str, fix: str = _AS_BYTES) -> str:
 
 
 def _int_problem(value: int) -> str:
-    shown = str(value) if value.bit_length() <= 128 else f"a {value.bit_length()}-bit integer"
+    # The value itself is not quoted: the message is recorded (a run's error) and shown, and the
+    # number may be a field a redaction rule keeps out of the ledger (an account number).
+    sign = "negative " if value < 0 else ""
     return (
-        f"{shown} is outside the 64-bit integer range [-2**63, 2**63-1] that both ledgers and JSON "
-        "consumers keep exactly; pass it as a string or a decimal.Decimal"
+        f"a {sign}{value.bit_length()}-bit integer is outside the 64-bit integer range "
+        "[-2**63, 2**63-1] that both ledgers and JSON consumers keep exactly; pass it as a string "
+        "or a decimal.Decimal"
     )
 
 

@@ -54,11 +54,6 @@ DIGEST_REVEALS = (
     "the masked arguments (and in the over-cap marker): a low-entropy masked field (a PIN, a CVV) "
     "is recovered from the ledger by trying each value, 10,000 digests for a 4-digit PIN"
 )
-INT_QUOTED = (
-    "an integer argument outside the 64-bit range is quoted whole in the ArgumentError, which a "
-    "workflow's run records as its error: a masked account number reaches the ledger, the API and "
-    "effectflow show"
-)
 MCP_NO_RULE = (
     "the MCP gateway's configuration has no redaction and silently ignores a 'redact:' key in a "
     "tool's contract: every argument an MCP client sends (an api_key) is recorded in full in the "
@@ -188,7 +183,6 @@ def big_account(ctx: ef.Context) -> Any:
     return ctx.call("transfer", transfer, account=BIG_ACCOUNT)
 
 
-@pytest.mark.xfail(strict=True, reason=INT_QUOTED)
 def test_a_refused_masked_argument_is_not_quoted_in_the_recorded_error(
     any_ledger: str, tmp_path: Path
 ) -> None:
