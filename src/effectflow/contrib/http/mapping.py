@@ -65,6 +65,7 @@ def signal_for_response(
     *,
     idempotency_key: str | None = None,
     not_committed_statuses: Collection[int] = DEFAULT_NOT_COMMITTED_STATUSES,
+    where: str | None = None,
 ) -> errors.ToolSignal | errors.IdempotencyConflict | None:
     """The signal for an HTTP answer, or None for a 2xx (the table in :mod:`.tools`).
 
@@ -73,12 +74,16 @@ def signal_for_response(
         idempotency_key: The key sent as ``Idempotency-Key``, if any: only then can a 409 mean
             "in progress" or a 4xx mean "key reused".
         not_committed_statuses: Statuses that prove nothing was processed.
+        where: The request as the message quotes it (the step records the message); by default
+            its method and URL without the query string. ``http_tool`` passes its URL template,
+            so no argument value is quoted.
     """
     status = response.status_code
     if 200 <= status < 300:
         return None
     evidence = response_evidence(response)
-    where = f"{response.request.method} {response.request.url}"
+    if where is None:
+        where = f"{response.request.method} {response.request.url.copy_with(query=None)}"
     words = " ".join(str(evidence.get(k, "")) for k in ("code", "title", "type")).lower()
     if idempotency_key is not None and status == 409 and _has(words, _IN_PROGRESS_MARKERS):
         return errors.NotCommitted(

@@ -95,7 +95,10 @@ class HttpCall:
             **{n: quote(str(arguments[n]), safe="") for n in self.path_args}
         )
         url = self.sender.url(path)
-        headers = self._headers(url, precondition, deadline)
+        # What messages and evidence quote: the template, never the path arguments or the query
+        # values (an api_key, a webhook secret a redaction rule keeps out of the ledger).
+        shown = self.sender.url(self.url_template)
+        headers = self._headers(shown, precondition, deadline)
         json = {n: arguments[n] for n in self.body if arguments.get(n) is not None}
         params = {n: str(arguments[n]) for n in self.query if arguments.get(n) is not None}
         if key is not None:
@@ -107,8 +110,9 @@ class HttpCall:
             headers=headers,
             json=json if has_body else None,
             params=params or None,
+            shown=shown,
         )
-        return self._result(response, key)
+        return self._result(response, key, f"{self.method} {shown}")
 
     def _refuse_bad_arguments(self, arguments: dict[str, Any]) -> None:
         missing = [n for n in self.path_args if arguments.get(n) is None]
@@ -135,7 +139,7 @@ class HttpCall:
             headers[self.deadline_header] = repr(float(deadline))
         return headers
 
-    def _result(self, response: httpx.Response, key: Any) -> Any:
+    def _result(self, response: httpx.Response, key: Any, where: str) -> Any:
         # Only a key the provider deduplicates by gives meaning to "in progress" or "key reused";
         # a tag is just a value the provider stores.
         deduplicated = key is not None and self.key_tags.idempotency_header
@@ -143,6 +147,7 @@ class HttpCall:
             response,
             idempotency_key=str(key) if deduplicated else None,
             not_committed_statuses=self.not_committed_statuses,
+            where=where,
         )
         if signal is not None:
             raise signal

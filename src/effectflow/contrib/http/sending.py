@@ -45,8 +45,10 @@ class Sender:
         headers: Mapping[str, str],
         json: Any = None,
         params: Mapping[str, str] | None = None,
+        shown: str | None = None,
     ) -> httpx.Response:
-        """Send one request; a transport error becomes its signal, raised ``from`` it."""
+        """Send one request; a transport error becomes its signal, raised ``from`` it, quoting
+        ``shown`` (the URL template) rather than ``url`` when given."""
         static = self.headers() if callable(self.headers) else (self.headers or {})
         merged = {**static, **headers}
         telemetry.inject(merged)  # traceparent: the provider's trace joins the attempt's
@@ -59,7 +61,7 @@ class Sender:
                 method, url, headers=merged, json=json, params=params, timeout=timeout
             )
         except (httpx.HTTPError, httpx.InvalidURL) as exc:
-            raise mapping.signal_for_transport_error(exc, method=method, url=url) from exc
+            raise mapping.signal_for_transport_error(exc, method=method, url=shown or url) from exc
 
 
 def template_fields(url_template: str) -> list[str]:
