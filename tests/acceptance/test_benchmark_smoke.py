@@ -109,3 +109,33 @@ def test_peer_comparison_table_has_the_floor_and_the_write_steps_share_of_it() -
     assert "| effectflow/write | — | 500 | 0.25 |" in lines
     assert run["floor_lines"](results, []) == []
     assert run["floor_json"]([300.0, 250.0, 200.0])["write_steps_per_s"] == 2000.0
+
+
+def test_write_pages_names_the_b_trees_a_commit_writes_and_splits_the_fsyncs_off() -> None:
+    """`write_pages.py` (BENCHMARKS.md, "Issue 18") reads the WAL back: the seals, the audit log
+    and the run row are among the pages each commit writes; and it times the step with and
+    without its fsyncs beside the raw commit."""
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(SCRIPT.parent / "write_pages.py"),
+            "--workflows",
+            "2",
+            "--pages-runs",
+            "1",
+            "--repeats",
+            "1",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    assert "22 commits of 1 workflows" in out  # its start, 10 intents, 10 outcomes, its end
+    for tree in ("seals", "audit", "runs", "audit_shards"):
+        assert f"  {tree}\n" in out
+    assert "FULL" in out
+    assert "synchronous=off" in out
+    assert "raw commit (FULL)" in out
