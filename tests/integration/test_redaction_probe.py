@@ -755,14 +755,8 @@ def test_a_rule_on_a_kwargs_tool_applies_to_the_names_it_was_given(tmp_path: Pat
 
 # -- agent hosts: what effectflow puts in front of the person ------------------------------------
 
-INTERRUPT_WHOLE = (
-    "the LangGraph middleware's interrupt for an approval (decisions.payload, what the host's "
-    "person is shown) carries the call's whole arguments, the dropped token with them, not the "
-    "redacted ones the ledger, the console and the attention queue show"
-)
 
 
-@pytest.mark.xfail(strict=True, reason=INTERRUPT_WHOLE)
 def test_the_approval_interrupt_shows_the_redacted_arguments(tmp_path: Path) -> None:
     from langchain.agents import create_agent
     from langchain_core.language_models import BaseChatModel

@@ -24,6 +24,8 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from effectflow import errors
+from effectflow.contracts import redaction
+from effectflow.contracts.tool import Tool
 
 if TYPE_CHECKING:
     from effectflow.runtime.runtime import Runtime
@@ -235,13 +237,14 @@ def hint(kind: str) -> str:
 
 def payload(
     asked: errors.NeedsPerson,
-    tool_ref: str,
+    tool: Tool[..., Any],
     arguments: dict[str, Any],
     scope: str,
     call_id: str,
 ) -> dict[str, Any]:
     """What an agent host's person sees when the run pauses (an interrupt, a deferred call's
-    metadata): what waits, the call's arguments, and how to answer it."""
+    metadata): what waits, the call's arguments as effectflow shows them everywhere (the tool's
+    redaction rule applied: the host stores this in its checkpoints), and how to answer it."""
     return {
         PAYLOAD_MARK: True,
         "kind": asked.kind,
@@ -251,8 +254,8 @@ def payload(
         "step_id": asked.step_id,
         "for_model": asked.for_model,
         "message": asked.message,
-        "tool": tool_ref,
-        "arguments": arguments,
+        "tool": tool.ref,
+        "arguments": redaction.apply(arguments, tool.contract.redact),
         "scope": scope,
         "tool_call_id": call_id,
         "resume_with": resume_with(asked.kind),

@@ -204,7 +204,7 @@ class EffectflowMiddleware(AgentMiddleware):
             except errors.NeedsPerson as asked:
                 if not self._interrupt:
                     return _message(call, answers.waiting(asked))
-                payload = decisions.payload(asked, tool.ref, arguments, scope, call_id)
+                payload = decisions.payload(asked, tool, arguments, scope, call_id)
                 while True:
                     # LangGraph answers the interrupts of a node in order: a refused decision
                     # stays the answer of its interrupt, so the next one asks again.

@@ -256,7 +256,7 @@ class Effectflow(AbstractCapability[Any]):
                         continue
                 if not self.defer:
                     return answers.waiting(asked)
-                shown = decisions.payload(asked, tool.ref, arguments, scope, call_id)
+                shown = decisions.payload(asked, tool, arguments, scope, call_id)
                 raise ApprovalRequired(
                     metadata=shown if refused is None else {**shown, "refused": refused}
                 ) from None
