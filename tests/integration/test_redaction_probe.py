@@ -54,11 +54,6 @@ DIGEST_REVEALS = (
     "the masked arguments (and in the over-cap marker): a low-entropy masked field (a PIN, a CVV) "
     "is recovered from the ledger by trying each value, 10,000 digests for a 4-digit PIN"
 )
-MCP_NO_RULE = (
-    "the MCP gateway's configuration has no redaction and silently ignores a 'redact:' key in a "
-    "tool's contract: every argument an MCP client sends (an api_key) is recorded in full in the "
-    "guarded call's input and step"
-)
 
 # -- helpers -------------------------------------------------------------------------------------
 
@@ -357,10 +352,9 @@ class _Upstream:
         return types.CallToolResult(content=[], structuredContent={"id": f"m-{len(self.got)}"})
 
 
-@pytest.mark.xfail(strict=True, reason=MCP_NO_RULE)
 def test_the_mcp_gateway_honours_or_refuses_a_redact_rule(tmp_path: Path) -> None:
     """An operator writes ``redact: {drop: [api_key]}`` in the gateway's contract of a tool: it
-    is either refused (named) or applied; it must not be ignored."""
+    is applied (the upstream gets the key, the ledger never holds it), not ignored."""
     data = {
         "upstreams": {
             "hooks": {
@@ -376,10 +370,7 @@ def test_the_mcp_gateway_honours_or_refuses_a_redact_rule(tmp_path: Path) -> Non
             }
         }
     }
-    try:
-        parsed = mcp_config.parse(data)
-    except ef.ContractError:
-        return  # refused, named: fine
+    parsed = mcp_config.parse(data)
     upstream = _Upstream()
     cfg = parsed.upstreams[0].tools["post"]
     made, helpers = gateway.build_tool(upstream, "hooks", cfg, default_timeout=5)  # type: ignore[arg-type]
@@ -754,7 +745,6 @@ def test_a_rule_on_a_kwargs_tool_applies_to_the_names_it_was_given(tmp_path: Pat
 
 
 # -- agent hosts: what effectflow puts in front of the person ------------------------------------
-
 
 
 def test_the_approval_interrupt_shows_the_redacted_arguments(tmp_path: Path) -> None:

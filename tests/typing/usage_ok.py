@@ -23,6 +23,7 @@ def lookup_customer(customer_id: str, *, with_history: bool = False) -> dict[str
     "send_mail",
     effect="external_write",
     idempotency=ef.Idempotency(supported=True),
+    redact=ef.Redact(mask=["to"], drop=[]),  # lists, as the documentation writes them
     register=False,
 )
 def send_mail(to: str, body: str, *, idempotency_key: str = "") -> int:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from effectflow import digests, errors
@@ -42,10 +42,10 @@ class Redact:
     the rule fails closed, since the value it could not look into may be the secret.
     """
 
-    #: Fields removed from the recorded arguments.
-    drop: tuple[str, ...] = ()
-    #: Fields recorded as ``"[masked]"``.
-    mask: tuple[str, ...] = ()
+    #: Fields removed from the recorded arguments (a list or tuple of paths; kept as a tuple).
+    drop: Sequence[str] = ()
+    #: Fields recorded as ``"[masked]"`` (a list or tuple of paths; kept as a tuple).
+    mask: Sequence[str] = ()
 
     def __post_init__(self) -> None:
         for name in ("drop", "mask"):
@@ -84,7 +84,7 @@ class Redact:
     @property
     def paths(self) -> tuple[str, ...]:
         """Every path the rule names, dropped then masked."""
-        return self.drop + self.mask
+        return (*self.drop, *self.mask)
 
 
 def _check_syntax(name: str, path: object) -> None:

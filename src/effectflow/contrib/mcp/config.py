@@ -20,6 +20,7 @@ A ``gateway.yaml``::
               key: idempotency_key             # the lookup's argument that receives the key
               found: email_id                  # the result field that is null when not found
             compensation: {tool: recall_email, arg: email_id}
+            redact: {drop: [api_key], mask: [card.number]}  # what the ledger records of the call
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from typing import Any
 import yaml
 
 from effectflow import errors
+from effectflow.contracts import redaction
 from effectflow.contracts import tool as tool_mod
 
 
@@ -87,6 +89,21 @@ class ToolConfig:
     compensation: CompensationConfig | None = None
     #: Seconds before the call's outcome is unknown; None = the gateway's default.
     timeout: float | None = None
+    #: What the ledger records of the call's arguments (paths into the upstream tool's own
+    #: arguments); the upstream still receives the whole call.
+    redact: redaction.Redact | None = None
+
+
+#: The fields a tool's contract in the gateway's configuration may have.
+_TOOL_FIELDS = (
+    "effect",
+    "idempotency_key",
+    "effect_id",
+    "lookup",
+    "compensation",
+    "timeout",
+    "redact",
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -130,6 +147,16 @@ def _mapping(value: Any, where: str) -> Mapping[str, Any]:
 
 
 def _tool(name: str, body: Mapping[str, Any], where: str) -> ToolConfig:
+    unknown = sorted(str(k) for k in body if k not in _TOOL_FIELDS)
+    if unknown:
+        raise errors.ContractError(
+            f"{where}: unknown field {unknown[0]!r}; a tool's contract takes "
+            f"{', '.join(_TOOL_FIELDS)}"
+        )
+    try:
+        redact = redaction.Redact.of(body.get("redact"))
+    except errors.ContractError as exc:
+        raise errors.ContractError(f"{where}.redact: {exc.message}") from None
     try:
         effect = tool_mod.EffectClass(_require(body, "effect", where))
     except ValueError:
@@ -167,6 +194,7 @@ def _tool(name: str, body: Mapping[str, Any], where: str) -> ToolConfig:
         lookup=lookup,
         compensation=compensation,
         timeout=None if timeout is None else float(timeout),
+        redact=redact,
     )
 
 

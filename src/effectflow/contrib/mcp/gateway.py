@@ -185,9 +185,21 @@ def build_tool(
         compensation=compensation,
         timeout=timeout,
         external_system=upstream,
+        redact=_under_arguments(cfg.redact),
         register=False,
     )(_write_fn(up, upstream, cfg))
     return made, helpers
+
+
+def _under_arguments(rule: ef.Redact | None) -> ef.Redact | None:
+    """The configuration's rule names the upstream tool's own arguments; the ledger's tool takes
+    them as its one parameter, ``arguments``."""
+    if rule is None:
+        return None
+    return ef.Redact(
+        drop=[f"arguments.{path}" for path in rule.drop],
+        mask=[f"arguments.{path}" for path in rule.mask],
+    )
 
 
 def _listed(tool: types.Tool, cfg: config_mod.ToolConfig) -> types.Tool:
