@@ -1,12 +1,13 @@
 """What both SQL ledgers do the same way, written once: a batch applied inside a transaction.
 
 A batch is applied in the backend's transaction on its connection. The run's row is locked first,
-by the fence (``UPDATE ... WHERE lease_token = ... RETURNING``), by the insert of a new run, or by
-a plain read that the backend locks (``FOR UPDATE`` on PostgreSQL, where SQLite's ``BEGIN
-IMMEDIATE`` has locked the file already). Then the batch's expectations are checked, its operation
-bindings, decisions and approvals inserted (a taken id refuses the batch on its own,
-``IdempotencyConflict``), its steps, effects and attempts upserted, its audit events chained onto
-the run's head, its seal made, and the run's row updated. The seal itself is appended by the
+by the fence (``UPDATE ... WHERE lease_token = ... RETURNING`` on PostgreSQL; on SQLite, whose
+``BEGIN IMMEDIATE`` has locked the file already, a read ``WHERE lease_token = ...``), by the insert
+of a new run, or by a plain read that the backend locks (``FOR UPDATE`` on PostgreSQL). Then the
+batch's expectations are checked, its operation bindings, decisions and approvals inserted (a taken
+id refuses the batch on its own, ``IdempotencyConflict``), its steps, effects and attempts
+upserted, its audit events chained onto the run's head, its seal made, and the run's row updated
+once (on SQLite with the lease's extension the fence did not write). The seal itself is appended by the
 backend once every batch of the transaction is written (``audit.chain_shards``).
 
 Every statement is a named query of the backend's dialect (``SQL``, from
