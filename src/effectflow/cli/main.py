@@ -15,6 +15,7 @@ import typer
 
 from effectflow.cli import contracts as contracts_cli
 from effectflow.cli import mcp_gateway as mcp_gateway_cli
+from effectflow.cli import migrate as migrate_cli
 from effectflow.cli import ops as ops_cli
 from effectflow.cli import retention as retention_cli
 from effectflow.cli import serve as serve_cli
@@ -41,6 +42,7 @@ audit_app = typer.Typer(
 )
 app.add_typer(audit_app, name="audit")
 app.command("worker")(worker_cli.worker)
+app.command("migrate")(migrate_cli.migrate)
 app.command("serve")(serve_cli.serve)
 app.command("mcp-gateway")(mcp_gateway_cli.mcp_gateway)
 app.command("runs")(ops_cli.runs)

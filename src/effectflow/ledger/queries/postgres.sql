@@ -546,3 +546,8 @@ ORDER BY shard, shard_seq;
 -- One shard's archived links in order (verify --run replays the run's own shard).
 SELECT shard, shard_seq, run_id, n, hash FROM archived_seals WHERE shard IS NOT NULL AND shard = %s
 ORDER BY shard, shard_seq;
+
+-- name: has_migrations_table (postgres only)
+-- Whether this database holds an effectflow ledger yet (effectflow migrate --check reads it
+-- without opening the store, which would migrate).
+SELECT to_regclass('schema_migrations') IS NOT NULL;
