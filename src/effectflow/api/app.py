@@ -115,6 +115,7 @@ def api_routes() -> list[BaseRoute]:
 
     return [
         Route("/health", reads.health, methods=["GET"]),
+        Route("/ready", reads.ready, methods=["GET"]),
         Route("/openapi.json", reads.openapi_document, methods=["GET"]),
         Route("/runs", reads.list_runs, methods=["GET"]),
         Route("/runs/{run_id}", reads.get_run, methods=["GET"]),

@@ -158,6 +158,21 @@ def _service_paths() -> dict[str, Any]:
                 "responses": {"200": _json(_ref("Health"), "The server is up.")},
             }
         },
+        "/api/v1/ready": {
+            "get": {
+                "summary": "Readiness",
+                "description": "The ledger answers within 2 s at the schema version this server "
+                "writes (503 `ledger_unavailable` or `schema_mismatch` otherwise). No token.",
+                "operationId": "ready",
+                "security": [],
+                "responses": {
+                    "200": _json(_ref("Ready"), "The ledger answers at this server's version."),
+                    "503": _problem_response(
+                        "The ledger does not answer, or is at another version."
+                    ),
+                },
+            }
+        },
         "/api/v1/openapi.json": {
             "get": {
                 "summary": "This document",

@@ -55,6 +55,7 @@ _TITLES = {
     413: "Content Too Large",
     422: "Unprocessable Content",
     500: "Internal Server Error",
+    503: "Service Unavailable",
 }
 
 #: How each runtime error maps to an HTTP status; the most specific class wins (MRO order).

@@ -1,4 +1,5 @@
-"""The API's reads: health, this document, runs, a run's timeline, effects, the attention queue.
+"""The API's reads: health and readiness, this document, runs, a run's timeline, effects, the
+attention queue.
 
 Each read runs in Starlette's thread pool, through the tenant's runtime (another tenant's run is
 not found).
@@ -12,7 +13,8 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import Response
 
-from effectflow.api import endpoints, openapi, pagination
+from effectflow import errors
+from effectflow.api import endpoints, openapi, pagination, problems
 from effectflow.ledger import records
 
 
@@ -22,6 +24,39 @@ async def health(request: Request) -> Response:
     import effectflow
 
     return endpoints.json_response({"status": "ok", "version": effectflow.__version__})
+
+
+#: Seconds readiness waits for the ledger's answer (a probe's own timeout is usually a few more).
+READY_TIMEOUT = 2.0
+
+
+@endpoints.endpoint
+async def ready(request: Request) -> Response:
+    """Readiness: no auth; 200 when the ledger answers within ``READY_TIMEOUT`` at the schema
+    version this server writes, else 503 saying which (never where the ledger is: no auth)."""
+    import anyio
+
+    from effectflow.ledger import versions
+
+    db_url = request.app.state.runtimes.db_url
+    try:
+        with anyio.fail_after(READY_TIMEOUT):
+            found = await anyio.to_thread.run_sync(versions.status, db_url, abandon_on_cancel=True)
+    except TimeoutError:
+        raise problems.Problem(
+            503, "ledger_unavailable", f"the ledger did not answer within {READY_TIMEOUT:g} s"
+        ) from None
+    except errors.EffectflowError:
+        raise problems.Problem(503, "ledger_unavailable", "the ledger cannot be read") from None
+    if found.current != found.newest:
+        detail = (
+            "there is no effectflow ledger there yet (effectflow migrate creates it)"
+            if found.current is None
+            else f"the ledger is at schema version {found.current}; this server writes "
+            f"{found.newest} ({'upgrade this server' if found.newer else 'migrate the ledger'})"
+        )
+        raise problems.Problem(503, "schema_mismatch", detail)
+    return endpoints.json_response({"status": "ok", "schema_version": found.current})
 
 
 @endpoints.endpoint

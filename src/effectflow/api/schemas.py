@@ -210,6 +210,11 @@ def components() -> dict[str, Any]:
             "properties": {"status": {"const": "ok"}, "version": {"type": "string"}},
             "required": ["status", "version"],
         },
+        Ready={
+            "type": "object",
+            "properties": {"status": {"const": "ok"}, "schema_version": {"type": "integer"}},
+            "required": ["status", "schema_version"],
+        },
         ResolveRequest=RESOLVE_BODY,
         ApproveRequest=APPROVE_BODY,
         RejectRequest=REJECT_BODY,
