@@ -8,11 +8,10 @@ import json
 import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import psycopg
 import pytest
-from test_upgrade_v8 import KEY, ledger_at
+from test_upgrade_v8 import KEY, ledger_at, raw
 from test_upgrade_v11 import FIXTURE
 from typer.testing import CliRunner
 
@@ -36,24 +35,13 @@ def _migrate(url: str, *args: str) -> tuple[int, str]:
     return result.exit_code, result.output
 
 
-def _raw(url: str, sql: str) -> list[tuple[Any, ...]]:
-    if url.startswith("sqlite"):
-        conn = sqlite3.connect(url.removeprefix("sqlite:///"))
-        try:
-            return conn.execute(sql).fetchall()
-        finally:
-            conn.close()
-    with psycopg.connect(url, autocommit=True) as pg:
-        return pg.execute(sql).fetchall()
-
-
 def test_check_reports_what_opening_would_apply_and_changes_nothing_then_migrate_applies_it(
     v10: str,
 ) -> None:
     code, out = _migrate(v10, "--check")
     assert code == 1, out
     assert "at version 10; opening it would apply 11 (0011_step_arguments)" in out
-    assert _raw(v10, "SELECT max(version) FROM schema_migrations") == [(10,)]
+    assert raw(v10, "SELECT max(version) FROM schema_migrations") == [(10,)]
     code, out = _migrate(v10, "--check", "--json")
     assert code == 1
     assert json.loads(out)["pending"] == [11]
@@ -61,7 +49,7 @@ def test_check_reports_what_opening_would_apply_and_changes_nothing_then_migrate
     code, out = _migrate(v10)
     assert code == 0, out
     assert "migrated from version 10 to version 11 (applied 11 (0011_step_arguments))" in out
-    assert _raw(v10, "SELECT max(version) FROM schema_migrations") == [(11,)]
+    assert raw(v10, "SELECT max(version) FROM schema_migrations") == [(11,)]
     code, out = _migrate(v10, "--check")
     assert (code, "at schema version 11, this effectflow's newest" in out) == (0, True)
     with ef.Runtime(v10) as rt:
@@ -82,7 +70,7 @@ def test_a_ledger_newer_than_the_code_is_refused_untouched(v10: str) -> None:
         code, out = _migrate(v10, *args)
         assert code == 2, out
         assert "newer than this effectflow's 11: upgrade effectflow" in out
-    assert _raw(v10, "SELECT version FROM schema_migrations WHERE version = 11") == []
+    assert raw(v10, "SELECT version FROM schema_migrations WHERE version = 11") == []
 
 
 def test_check_creates_no_ledger_and_refuses_another_application_s_file(tmp_path: Path) -> None:

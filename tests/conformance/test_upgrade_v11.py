@@ -17,7 +17,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from test_upgrade_v8 import KEY, ledger_at
+from test_upgrade_v8 import KEY, ledger_at, raw
 from typer.testing import CliRunner
 
 import effectflow as ef
@@ -65,17 +65,6 @@ def v10(
         yield url
 
 
-def _raw(url: str, sql: str) -> list[tuple[Any, ...]]:
-    if url.startswith("sqlite"):
-        conn = sqlite3.connect(url.removeprefix("sqlite:///"))
-        try:
-            return conn.execute(sql).fetchall()
-        finally:
-            conn.close()
-    with psycopg.connect(url) as pg:
-        return pg.execute(sql).fetchall()
-
-
 def _cli(url: str, *args: str) -> tuple[int, str]:
     result = CliRunner().invoke(cli_main.app, [*args, "--db", url])
     return result.exit_code, result.output
@@ -90,8 +79,8 @@ def test_the_upgraded_ledger_verifies_and_its_old_steps_show_no_arguments(v10: s
         steps = rt.store.steps("done")
         assert [s.step_id for s in steps] == ["note", "refund"]
         assert all(s.arguments is None for s in steps)
-    assert _raw(v10, "SELECT count(*) FROM steps WHERE arguments_json IS NOT NULL") == [(0,)]
-    assert _raw(v10, "SELECT count(*) FROM steps")[0][0] == 5
+    assert raw(v10, "SELECT count(*) FROM steps WHERE arguments_json IS NOT NULL") == [(0,)]
+    assert raw(v10, "SELECT count(*) FROM steps")[0][0] == 5
     code, out = _cli(v10, "audit", "verify")
     assert code == 0, out
     code, out = _cli(v10, "show", "done")

@@ -100,6 +100,19 @@ def ledger_at(backend: str, folder: Path, at: int, fixture: Path) -> Iterator[st
         yield url
 
 
+def raw(url: str, sql: str) -> list[tuple[Any, ...]]:
+    """``sql``'s rows, read from the ledger's database directly (not through the store): what an
+    upgrade test checks the migration left."""
+    if url.startswith("sqlite"):
+        conn = sqlite3.connect(url.removeprefix("sqlite:///"))
+        try:
+            return conn.execute(sql).fetchall()
+        finally:
+            conn.close()
+    with psycopg.connect(url) as pg:
+        return pg.execute(sql).fetchall()
+
+
 @pytest.fixture(params=ledgers.BACKENDS)
 def v7(
     request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch

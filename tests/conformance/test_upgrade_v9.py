@@ -16,7 +16,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from test_upgrade_v8 import KEY, ledger_at
+from test_upgrade_v8 import KEY, ledger_at, raw
 from typer.testing import CliRunner
 
 import effectflow as ef
@@ -56,17 +56,6 @@ def v8(
         yield url
 
 
-def _raw(url: str, sql: str) -> list[tuple[Any, ...]]:
-    if url.startswith("sqlite"):
-        conn = sqlite3.connect(url.removeprefix("sqlite:///"))
-        try:
-            return conn.execute(sql).fetchall()
-        finally:
-            conn.close()
-    with psycopg.connect(url) as pg:
-        return pg.execute(sql).fetchall()
-
-
 def _verify(url: str) -> tuple[int, str]:
     result = CliRunner().invoke(cli_main.app, ["audit", "verify", "--db", url])
     return result.exit_code, result.output
@@ -94,7 +83,7 @@ def test_a_step_waiting_for_approval_is_awaiting_approval_after_the_upgrade(v8: 
         assert rt.store.verify_audit() == []
     code, out = _verify(v8)
     assert code == 0, out
-    assert _raw(v8, "SELECT count(*) FROM steps WHERE status = 'pending'") == [(0,)]
+    assert raw(v8, "SELECT count(*) FROM steps WHERE status = 'pending'") == [(0,)]
 
 
 def test_the_upgraded_runs_go_on_approved_and_declined(v8: str) -> None:
@@ -118,12 +107,12 @@ def test_a_keyed_ledger_is_not_upgraded_without_its_key(
     """Without the key the new seals could not be keyed: opening the ledger is refused, saying
     what to do, and it is left at version 8 with its rows untouched."""
     monkeypatch.delenv(audit.KEY_ENV)
-    before = _raw(v8, "SELECT run_id, step_id, status FROM steps ORDER BY run_id, step_id")
+    before = raw(v8, "SELECT run_id, step_id, status FROM steps ORDER BY run_id, step_id")
     with pytest.raises(ef.LedgerFileError, match="EFFECTFLOW_AUDIT_KEY") as caught:
         ef.Runtime(v8)
     assert "still at version 8" in str(caught.value)
-    assert _raw(v8, "SELECT max(version) FROM schema_migrations") == [(8,)]
-    assert _raw(v8, "SELECT run_id, step_id, status FROM steps ORDER BY run_id, step_id") == before
+    assert raw(v8, "SELECT max(version) FROM schema_migrations") == [(8,)]
+    assert raw(v8, "SELECT run_id, step_id, status FROM steps ORDER BY run_id, step_id") == before
 
 
 def test_a_migrated_step_edited_back_by_hand_is_caught(v8: str) -> None:
