@@ -340,6 +340,58 @@ def test_a_cancel_and_a_compensate_at_once_record_one_control(
     print(f"\ncancel vs compensate: {refused} of 15 refused one of the two")
 
 
+@pytest.mark.parametrize("first", ["compensate", "cancel"])
+def test_a_request_recorded_while_another_is_applied_is_applied_next(
+    runtimes: list[ef.Runtime], monkeypatch: pytest.MonkeyPatch, first: str
+) -> None:
+    """The losing interleaving of the race above, made to happen every time: while alice's
+    runtime applies a compensate (or a cancel), bob asks for the other. Bob sees the run held and
+    leaves his request to alice's runtime rather than taking the run from under it (which made
+    alice's next write LeaseLost); alice's end state, computed for the request it applied, is
+    refused by bob's newer one, which is applied next: the run ends as the last request asks."""
+    alice, bob, _ = runtimes
+    run_id = f"mid-{first}-{uuid.uuid4().hex[:6]}"
+    waiting_refund(alice, run_id)
+    from effectflow.runtime import stopping
+
+    applying = stopping.compensation.compensate
+    answers: list[Any] = []
+
+    def meanwhile(port: Any, state: Any, trigger: str) -> str | None:
+        if not answers:  # once, in the middle of alice's request
+            try:
+                if first == "compensate":
+                    answers.append(bob.cancel(run_id, reason="customer left", by="bob"))
+                else:
+                    answers.append(bob.compensate(run_id, reason="goal abandoned", by="bob"))
+            except Exception as exc:  # the outcome under test
+                answers.append(exc)
+        return applying(port, state, trigger)
+
+    monkeypatch.setattr(stopping.compensation, "compensate", meanwhile)
+    if first == "compensate":
+        ended: Any = alice.compensate(run_id, reason="goal abandoned", by="alice")
+        last = "cancel"
+    else:
+        ended = alice.cancel(run_id, reason="customer left", by="alice")
+        last = "compensate"
+    # (The payment has no compensation: either request leaves it in the world.)
+    status = R.CANCELLED_WITH_EFFECTS
+    [answer] = answers
+    assert not isinstance(answer, Exception), answer
+    assert answer.status in (R.RUNNING, R.CANCELLING), answer  # left to alice's runtime
+    assert ended.status is status, ended
+    assert control_events(alice, run_id) == [f"{first}_requested", f"{last}_requested"]
+    run = alice.run(run_id)
+    assert (run.status, run.lease_owner) == (status, None), run
+    assert run.control is not None
+    assert run.control["kind"] == last
+    [end] = [e for e in alice.audit(run_id) if e.kind == "run_" + status.value]
+    assert end.detail["control"] == last, end  # the end state is the last request's
+    assert CALLS["refund", run_id] == 0
+    assert alice.verify_audit(run_id) == []
+
+
 def test_two_cancels_at_once_record_one(runtimes: list[ef.Runtime]) -> None:
     """Two cancels of one run at once record one cancel; both callers get the run's inventory."""
     alice, bob, _ = runtimes

@@ -80,8 +80,12 @@ def compensate(
         control = Control(ControlKind.COMPENSATE, reason, by, port.clock())
         held = leases.held_elsewhere(run, port.clock())
         workflow = None if held else port.registry.workflow(run.workflow)
+        # A run taken to be compensated here is running while its compensations do, as a
+        # cancel's is cancelling: a request seen meanwhile (a cancel) is left to this process, not
+        # taken from it, and a crash before the end state is recovered like any running run.
+        status = None if held else RunStatus.RUNNING
         try:
-            taken = _record(port, run, control, None, take=not held)
+            taken = _record(port, run, control, status, take=not held)
         except errors.StaleState as exc:
             run, answered = _raced(port, run, exc, control)
             if answered:  # another compensate was recorded first: it answers this one

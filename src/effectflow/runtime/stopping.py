@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from effectflow import errors
 from effectflow.ledger import records
 from effectflow.ledger.records import CompensationStatus, ControlKind
 from effectflow.policies import compensation as compensation_policy
@@ -23,7 +24,13 @@ from effectflow.policies import inventory as inventory_policy
 from effectflow.runtime import cancel, compensation
 from effectflow.runtime import inventory as inventory_mod
 from effectflow.runtime import state as state_mod
+from effectflow.runtime.control import Control
 from effectflow.runtime.port import Port
+
+#: How many requests recorded one after another while the run is being stopped are applied in
+#: turn before this process gives up (each is a person's or the workflow's action; more than this
+#: in the seconds a stop takes is somebody's loop).
+_NEWER_REQUESTS = 5
 
 
 def finish(port: Port, state: state_mod.RunState) -> records.RunRecord:
@@ -32,23 +39,48 @@ def finish(port: Port, state: state_mod.RunState) -> records.RunRecord:
     Safe to call again after a crash or a pause: every step it takes is recorded, compensations are
     step machines (so an interrupted one is continued with its original key, never repeated), and
     the end state is computed from the ledger's facts.
+
+    A request of another kind recorded while this one is applied (a cancel while a compensate runs:
+    the requester saw the run held and left the request for its holder) is applied next, before the
+    run is given its end state: the end state is always the last request's.
     """
-    control = state.control
-    assert control is not None
-    kind = control.kind
-    if kind is ControlKind.CANCEL:
-        cancel.stop_unstarted(port, state)
-        cancel.stop_in_progress(port, state)
-        cancel.settle_unknowns(port, state)
-    waiting = compensation.compensate(port, state, compensation_policy.trigger_of(kind))
-    return _conclude(port, state, kind, waiting)
+    for _ in range(_NEWER_REQUESTS):
+        control = state.control
+        assert control is not None
+        kind = control.kind
+        if kind is ControlKind.CANCEL:
+            cancel.stop_unstarted(port, state)
+            cancel.stop_in_progress(port, state)
+            cancel.settle_unknowns(port, state)
+        waiting = compensation.compensate(port, state, compensation_policy.trigger_of(kind))
+        ended = _conclude(port, state, control, waiting)
+        if ended is not None:
+            return ended
+    raise errors.StaleState(
+        f"run {state.run.run_id}: its cancel or compensate request changed {_NEWER_REQUESTS} "
+        "times while it was being applied; the run keeps its lease until it expires, then "
+        "`effectflow recover` (or any worker) applies the last request",
+        run_id=state.run.run_id,
+    )
 
 
 def _conclude(
-    port: Port, state: state_mod.RunState, kind: ControlKind, waiting: str | None
-) -> records.RunRecord:
-    """Record the run's end state, computed from its inventory (``policies.inventory``)."""
+    port: Port, state: state_mod.RunState, control: Control, waiting: str | None
+) -> records.RunRecord | None:
+    """Record the run's end state, computed from its inventory (``policies.inventory``); None
+    when another request was recorded on the run meanwhile (``state.control`` is now that one).
+
+    The end state is written compare-and-swap on the request it was computed for: a request
+    recorded after the last write of the one applied here (its requester saw the run held and left
+    it for this process) refuses the end state, which would otherwise bury it under the end of
+    the request it replaced.
+    """
     run = state.run
+    kind = control.kind
+    if not state.pending.empty:  # what the request's steps left pending: recorded on its own,
+        port.writer.commit(state, state.batch())  # so that a refused end state loses nothing
+        if state.control != control:
+            return None
     inv = inventory_mod.inventory(port, run)
     failed = [
         s.step_id
@@ -78,6 +110,7 @@ def _conclude(
         }
     now = port.clock()
     batch = state.batch()
+    batch.expect_run(control=(control.to_json(),))
     batch.run_changes.update(
         status=status,
         next_action=next_action,
@@ -97,7 +130,14 @@ def _conclude(
             compensation_pending=inv.compensation_pending,
             cancelled_steps=inv.cancelled_steps,
         )
-    port.writer.commit(state, batch)
+    try:
+        port.writer.commit(state, batch)
+    except errors.StaleState:
+        newer = Control.of(port.run(run.run_id).control)
+        if newer is None or newer == control:
+            raise
+        state.control = newer
+        return None
     return port.run(run.run_id)
 
 
