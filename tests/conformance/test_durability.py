@@ -107,15 +107,27 @@ def test_default_is_full(backend: Backend) -> None:
 # -- SQLite: the synchronous mode of each transaction --------------------------------------------
 
 
-def _traced_sqlite(url: str, tmp_path: Path) -> list[str]:
-    """The statements one run of ten external writes sends to SQLite."""
+def _traced_sqlite(url: str, tmp_path: Path, workload: str = "write") -> list[str]:
+    """The statements one run of ten external writes (or ``workload``'s) sends to SQLite, with
+    ``CALL`` where the provider is called."""
     statements: list[str] = []
-    with _workloads(url, tmp_path) as workloads:
+
+    class Recorded(bench.Provider):
+        def append(self, key: str, payload: str) -> None:
+            statements.append("CALL")
+            super().append(key, payload)
+
+    provider = Recorded(tmp_path / "provider.txt")
+    workloads = bench.Workloads(url, provider)
+    try:
         store = workloads.rt.store
         assert isinstance(store, sqlite_backend.SQLiteStore)
         store._conn.set_trace_callback(statements.append)
-        workloads.run("write", 1, "trace")
+        workloads.run(workload, 1, "trace")
         store._conn.set_trace_callback(None)
+    finally:
+        workloads.close()
+        provider.close()
     return statements
 
 
@@ -133,14 +145,41 @@ def _sync_of_each_commit(statements: list[str]) -> list[str]:
 def test_sqlite_intents_commit_outcomes_at_normal_and_intents_at_full(tmp_path: Path) -> None:
     statements = _traced_sqlite(f"sqlite:///{tmp_path / 'intents.db'}?durability=intents", tmp_path)
     modes = _sync_of_each_commit(statements)
-    # One run of ten writes: start, then intent (FULL) / outcome (NORMAL) ten times, then the end.
-    assert modes == ["FULL"] + ["FULL", "NORMAL"] * 10 + ["FULL"]
+    # One run of ten writes: the start rides the first intent's flush (NORMAL), then intent (FULL)
+    # and outcome (NORMAL) ten times, then the end.
+    assert modes == ["NORMAL"] + ["FULL", "NORMAL"] * 10 + ["FULL"]
 
 
-def test_sqlite_default_flushes_every_commit(tmp_path: Path) -> None:
+def test_sqlite_default_flushes_every_commit_but_the_start_that_rides_the_next(
+    tmp_path: Path,
+) -> None:
+    """``rt.start``'s first commit is not flushed on its own (``Batch.rides``): the run's next
+    commit, an intent flushed before its call, syncs the WAL and the start with it. Every other
+    commit is flushed."""
     statements = _traced_sqlite(f"sqlite:///{tmp_path / 'full.db'}", tmp_path)
-    assert not any("synchronous" in sql.lower() for sql in statements)
-    assert set(_sync_of_each_commit(statements)) == {"FULL"}
+    assert _sync_of_each_commit(statements) == ["NORMAL"] + ["FULL"] * 21
+    commits = [sql for sql in statements if sql.strip().upper() == "COMMIT" or sql == "CALL"]
+    assert commits[:3] == ["COMMIT", "COMMIT", "CALL"]  # start, flushed intent, then the call
+    first_call = statements.index("CALL")
+    assert "PRAGMA synchronous=FULL" in statements[:first_call]
+
+
+def test_sqlite_a_pure_run_is_flushed_once(tmp_path: Path) -> None:
+    """A run of pure steps commits its start and its end; only the end waits for the disk."""
+    statements = _traced_sqlite(f"sqlite:///{tmp_path / 'pure.db'}", tmp_path, "sequential")
+    assert _sync_of_each_commit(statements) == ["NORMAL", "FULL"]
+
+
+def test_sqlite_a_run_created_for_workers_is_flushed(tmp_path: Path) -> None:
+    """A run submitted for the workers is answered at once: its commit is flushed."""
+    statements: list[str] = []
+    with _workloads(f"sqlite:///{tmp_path / 'sub.db'}", tmp_path) as workloads:
+        store = workloads.rt.store
+        assert isinstance(store, sqlite_backend.SQLiteStore)
+        store._conn.set_trace_callback(statements.append)
+        workloads.rt.submit(workloads._flows["write"], run_id="queued")
+        store._conn.set_trace_callback(None)
+    assert _sync_of_each_commit(statements) == ["FULL"]
 
 
 def test_sqlite_intents_on_a_normal_ledger_changes_nothing(tmp_path: Path) -> None:

@@ -86,6 +86,11 @@ class SQLCore(abc.ABC):
         IMMEDIATE`` (``deferrable``: its outcome may commit at NORMAL), PostgreSQL's pipelined
         transaction (``deferrable``: an asynchronous commit); its connection."""
 
+    def _riding_txn(self) -> AbstractContextManager[Any]:
+        """The transaction of a batch that rides the run's next flushed commit (``Batch.rides``):
+        SQLite commits it at NORMAL; by default it is flushed like any other (PostgreSQL)."""
+        return self._batch_txn()
+
     @abc.abstractmethod
     def _plain_txn(self) -> AbstractContextManager[Any]:
         """A transaction whose statements run one after the other (no pipeline)."""
@@ -128,7 +133,8 @@ class SQLCore(abc.ABC):
 
     def apply(self, batch: Batch, *, lease_ttl: float, now: float) -> dict[str, Any] | None:
         """Commit one batch in one transaction (see ``LedgerStore.apply``)."""
-        with self._batch_txn(deferrable=batch.deferrable) as conn:
+        txn = self._riding_txn() if batch.rides else self._batch_txn(deferrable=batch.deferrable)
+        with txn as conn:
             control, seal = self._apply_txn(conn, batch, lease_ttl=lease_ttl, now=now)
             self._seal_txn(conn, [seal] if seal else [])
             return control

@@ -206,10 +206,15 @@ class SQLiteStore(SQLCore, SQLReads):
         return int(self._all(self.SQL["schema_version"])[0][0] or 0)
 
     @contextmanager
-    def _write(self, *, deferrable: bool = False) -> Iterator[sqlite3.Connection]:
+    def _write(
+        self, *, deferrable: bool = False, rides: bool = False
+    ) -> Iterator[sqlite3.Connection]:
         with self._edge(), self._lock:
             # PRAGMA synchronous is the connection's, read at each commit: set it per transaction.
-            sync = self._deferred_sync if deferrable else self.synchronous
+            if rides:  # ``Batch.rides``: the next FULL commit syncs the WAL, this one with it
+                sync = "NORMAL" if self.synchronous in ("FULL", "EXTRA") else self.synchronous
+            else:
+                sync = self._deferred_sync if deferrable else self.synchronous
             if sync != self._sync_now:
                 self._conn.execute(f"PRAGMA synchronous={sync}")
                 self._sync_now = sync
@@ -360,6 +365,10 @@ class SQLiteStore(SQLCore, SQLReads):
     def _batch_txn(self, *, deferrable: bool = False) -> AbstractContextManager[sqlite3.Connection]:
         """``BEGIN IMMEDIATE`` (see ``_write``)."""
         return self._write(deferrable=deferrable)
+
+    def _riding_txn(self) -> AbstractContextManager[sqlite3.Connection]:
+        """``BEGIN IMMEDIATE`` committed at NORMAL (``Batch.rides``)."""
+        return self._write(rides=True)
 
     def _plain_txn(self) -> AbstractContextManager[sqlite3.Connection]:
         """``BEGIN IMMEDIATE``: SQLite has no pipeline, every transaction is plain."""

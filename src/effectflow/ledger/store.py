@@ -84,6 +84,12 @@ class Batch:
     #: fsynced commit (see ``DURABILITY``). Intents, run starts and ends and people's actions are
     #: never deferrable.
     deferrable: bool = False
+    #: Commits without a flush of its own, whatever the durability: a run's first commit in the
+    #: process that then executes it (``rt.start``). Nothing of the run is sent or answered
+    #: before its next commit that is flushed (an intent, a pause, the run's end), and that flush
+    #: carries this one to the disk with it (the ledger's log is one sequence). A power cut before
+    #: it loses a run that nobody was told of and that had called nothing.
+    rides: bool = False
 
     def step(self, step: records.StepRecord) -> None:
         """Upsert a step row."""

@@ -31,6 +31,9 @@ def create(
     run, batch = _new_run(port, workflow, run_id, input, leased=leased)
     if batch is None:
         return run, False
+    # A run this process goes on to execute needs no flush of its own (``Batch.rides``); one
+    # created for workers is answered at once, so it is flushed like any commit.
+    batch.rides = leased
     try:
         port.store.apply(batch, lease_ttl=port.lease_ttl, now=run.created_at)
     except Exception as exc:
