@@ -1,7 +1,8 @@
 """The ``durability`` ledger option on both backends: which commits wait for the disk.
 
-``durability=full`` (the default) flushes every commit. ``durability=intents`` flushes intents, run
-starts and ends and people's actions, and lets a call's outcome commit without a flush of its own:
+``durability=full`` (the default) flushes every commit but a run's start in ``rt.start``, which rides
+the run's next flushed commit (``Batch.rides``). ``durability=intents`` flushes intents, run ends
+and people's actions, and lets a call's outcome commit without a flush of its own:
 SQLite commits it at ``synchronous=NORMAL``, PostgreSQL with ``synchronous_commit=off``. On both, the
 log is one sequence, so the next flushed commit makes the deferred one durable too. A power cut in
 between leaves the step with its intent and no outcome: the state a crash between call and record

@@ -81,8 +81,8 @@ class Batch:
     expectations: list[expect.Expectation] = dataclasses.field(default_factory=list)
     #: A call's outcome: on a ledger opened with ``durability=intents`` it commits without an
     #: fsync of its own, surviving a process crash at once and power loss with the ledger's next
-    #: fsynced commit (see ``DURABILITY``). Intents, run starts and ends and people's actions are
-    #: never deferrable.
+    #: fsynced commit (see ``DURABILITY``). Intents, run ends and people's actions are never
+    #: deferrable (a run's start in ``rt.start`` ``rides``, whatever the durability).
     deferrable: bool = False
     #: Commits without a flush of its own, whatever the durability: a run's first commit in the
     #: process that then executes it (``rt.start``). Nothing of the run is sent or answered
@@ -426,9 +426,10 @@ class LedgerStore(Protocol):
 
 #: The ``durability`` URL option of both backends: which commits wait for the disk.
 DURABILITY = {
-    # Every commit is flushed to disk before it returns: everything recorded survives power loss.
+    # Every commit is flushed to disk before it returns: everything recorded survives power loss
+    # (a run's start in ``rt.start`` rides the run's next flushed commit: ``Batch.rides``).
     "full": "every commit survives power loss",
-    # Intents (and run starts and ends, people's actions) are flushed before they return, so
+    # Intents (and run ends, people's actions) are flushed before they return, so
     # nothing is ever sent without a record that survives power loss. A call's outcome is written
     # without its own flush: it survives a process crash at once, and power loss as soon as the
     # ledger's next flushed commit lands (the run's next intent or its end). After a power loss in
