@@ -231,6 +231,10 @@ SQL_IN_PYTHON = {
         "migration 8's rewrite of every JSON column: a read and an update built over the tables "
         "and their JSON columns, run once when the migration is applied"
     ),
+    ("postgres.py", "_from_json"): (
+        "the one-round-trip function's statements are the named inserts and upserts themselves, "
+        "their VALUES made a read of the batch's JSON rows (queries/postgres_apply.sql's marks)"
+    ),
 }
 
 
@@ -362,3 +366,21 @@ def test_a_query_keeps_its_doc_and_drops_comments_inside() -> None:
         "sqlite",
         1,
     )
+
+
+def test_the_one_trip_function_runs_the_named_statements() -> None:
+    """PostgreSQL's one-round-trip function (``queries/postgres_apply.sql``) writes a batch's rows
+    with the named inserts and upserts of ``postgres.sql``, their VALUES read from the batch's
+    JSON rows: a column added to a named statement is written by the function too."""
+    from effectflow.ledger import postgres
+
+    function = _flat(postgres.apply_function())
+    sql = queries.statements("postgres")
+    for name in ("insert_run", "bind_operation", "upsert_step", "upsert_effect", "upsert_attempt",
+                 "insert_audit", "insert_seal"):  # fmt: skip
+        columns = ", ".join(_columns(sql[name]))
+        assert f"({columns}) SELECT {columns} FROM json_populate_recordset(" in function, name
+        tail = _flat(sql[name]).split(" RETURNING ")[0]
+        if " ON CONFLICT " in tail:
+            assert tail[tail.index(" ON CONFLICT ") :] + ";" in function, name
+    assert "@" not in function.split("$fn$")[1], "a mark the template did not fill"

@@ -18,15 +18,29 @@ transactions, savepoints, locking the shards, claims, leases and notifications, 
 COMMIT, and the migrations. Its statements are the named queries of
 ``ledger/queries/postgres.sql``; only transaction control (``BEGIN``, ``SAVEPOINT``, ``LISTEN``)
 and migration 8's rewrite of every JSON column are written here.
+
+**One round trip a batch** (issue 18). A batch is composed in this process on the run's head and
+its shard's head as this process's last write left them (its events chained and its seal hashed
+with the audit key, which never leaves the process), and sent as one statement:
+``pg_temp.effectflow_apply`` (``queries/postgres_apply.sql``), which each pooled connection creates
+in its temporary schema, so no migration ties a ledger to it. The function locks the run's row and
+writes only if the lease token is current and both heads are the ones the batch was composed on;
+a head that moved comes back instead, and the batch is composed on it and sent again (another
+worker sealed in the shard, a person wrote to the run). A batch the function cannot take (an
+expectation, a decision or an approval to check, the first seal of a shard, a refusal) is applied
+statement by statement as before, which says what was refused.
 """
 
 from __future__ import annotations
 
 import contextlib
+import enum
 import functools
+import re
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from importlib import resources
 from typing import Any, TypeVar
 from urllib.parse import parse_qsl, urlparse, urlunparse
 
@@ -35,14 +49,15 @@ import psycopg_pool
 from psycopg import conninfo as pg_conninfo
 from psycopg.rows import TupleRow, dict_row
 
-from effectflow import errors
+from effectflow import digests, errors
 from effectflow.ledger import audit as audit_chain
-from effectflow.ledger import queries, records, upgrades
+from effectflow.ledger import queries, records, rowmap, upgrades
 from effectflow.ledger.edge import ToolRaised, driver_cause, driver_errors
 from effectflow.ledger.local import LocalTransaction
-from effectflow.ledger.sql_core import CHANNEL, SQLCore
+from effectflow.ledger.sql_core import CHANNEL, Composed, SQLCore
 from effectflow.ledger.sql_reads import SQLReads
 from effectflow.ledger.store import (
+    Applied,
     Batch,
     parse_durability,
 )
@@ -98,6 +113,76 @@ def _pg(sql: str) -> str:
 
 #: The PostgreSQL ledger's named statements.
 SQL = queries.statements("postgres")
+
+#: The run's head: the columns a batch is composed on (``fence_run``'s RETURNING list).
+_HEAD = (
+    "audit_head", "audit_count", "seal_head", "seal_count", "control_json", "status",
+    "output_json", "error_json", "next_action", "generation", "workflow_version", "workflow_code",
+)  # fmt: skip
+#: Times a batch is composed again on the head the function found before it is applied statement
+#: by statement instead (another writer keeps moving the run or its shard).
+_ONE_TRIP_TRIES = 3
+#: Runs (and shards) whose head a store remembers from its own last write.
+_HEADS_KEPT = 4096
+#: SQLSTATEs the one-round-trip function refuses a batch with once it has written (the transaction
+#: is rolled back; the batch is applied statement by statement, which says what was refused).
+_ONE_TRIP_REFUSED = ("EF409", "EF412")
+_MARK_RE = re.compile(r"@(?P<name>[a-z_]+)\((?P<param>p_[a-z_]+)\)")
+_VALUES_RE = re.compile(r"VALUES\s*\([^)]*\)")
+
+
+def _from_json(name: str, param: str) -> str:
+    """Named query ``name`` with its VALUES read from the JSON rows in ``param`` (an array of
+    objects by column), in their order, and without its RETURNING list (a function's statement
+    has nowhere to return to: FOUND and ROW_COUNT say what it wrote)."""
+    sql = SQL[name].split(" RETURNING ")[0].split("\nRETURNING ")[0]
+    found = re.search(r"INSERT INTO (\w+) \(([^)]*)\)", sql)
+    if found is None or not _VALUES_RE.search(sql):
+        raise queries.QueryFileError(f"ledger/queries/postgres.sql: {name!r} is not an INSERT")
+    table, columns = found.group(1), " ".join(found.group(2).split())
+    rows = (
+        f"SELECT {columns} FROM json_populate_recordset(NULL::{table}, {param}) "
+        "WITH ORDINALITY AS batch_rows ORDER BY batch_rows.ordinality"
+    )
+    return _VALUES_RE.sub(lambda _: rows, sql, count=1) + ";"
+
+
+@functools.cache
+def apply_function() -> str:
+    """The ``CREATE FUNCTION`` of the one-round-trip batch (``queries/postgres_apply.sql``, its
+    ``@name(param)`` marks made the named queries' statements over the batch's JSON rows)."""
+    text = resources.files("effectflow.ledger").joinpath("queries", "postgres_apply.sql")
+    template = text.read_text("utf-8")
+    return _MARK_RE.sub(lambda m: _from_json(m["name"], m["param"]), template)
+
+
+#: The JSON the function's arguments are printed in (the C encoder, made once).
+_json = digests.json_printer(sort_keys=False)
+
+
+def _objects(columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> str | None:
+    """Rows as the JSON array of objects by column the function reads (None: no rows)."""
+    if not rows:
+        return None
+    return _json([dict(zip(columns, row, strict=True)) for row in rows])
+
+
+def _plain(head: dict[str, Any]) -> dict[str, Any]:
+    """A head as the server gives it back: an enum as its text (its JSON is the same)."""
+    return {k: v.value if isinstance(v, enum.Enum) else v for k, v in head.items()}
+
+
+_STEP_COLUMNS = [rowmap.column(f) for f in rowmap.STEP_FIELDS]
+_EFFECT_COLUMNS = [rowmap.column(f) for f in rowmap.EFFECT_FIELDS]
+_ATTEMPT_COLUMNS = [rowmap.column(f) for f in rowmap.ATTEMPT_FIELDS]
+_AUDIT_COLUMNS = (
+    "run_id", "step_id", "effect_id", "kind", "actor", "detail_json", "at", "prev_hash", "hash",
+)  # fmt: skip
+_SEAL_COLUMNS = (
+    "run_id", "n", "rows_json", "audit_head", "audit_count", "at", "prev_hash", "hash", "shard",
+    "shard_seq",
+)  # fmt: skip
+_NEW_RUN_COLUMNS = [*rowmap.RUN_COLUMNS, "audit_head", "audit_count"]
 
 
 @contextmanager
@@ -207,6 +292,16 @@ class PostgresStore(SQLCore, SQLReads):
         # message rather than as a pool timeout half a minute later.
         with self._edge():
             psycopg.connect(conninfo, **self._name).close()
+        #: Whether a batch may go in one round trip (``_apply_one_trip``): False once a connection
+        #: could not create the function (a role without TEMP on the database).
+        self.one_trip = True
+        #: The head of each run, and of each shard, as this process's last write left it: what a
+        #: batch is composed on before it is sent (the function compares under the row's lock).
+        self._heads: dict[str, dict[str, Any]] = {}
+        self._shard_heads: dict[int, tuple[int, str]] = {}
+        #: How batches went: ``one_trip`` (applied by the function), ``moved`` (composed again on
+        #: the head it found), ``by_statement`` (applied statement by statement).
+        self.trips: dict[str, int] = {"one_trip": 0, "moved": 0, "by_statement": 0}
         self._pool: psycopg_pool.ConnectionPool[Connection] = psycopg_pool.ConnectionPool(
             conninfo,
             min_size=1,
@@ -216,6 +311,7 @@ class PostgresStore(SQLCore, SQLReads):
             kwargs={**self._name, "autocommit": True},
             name="effectflow-ledger",
             timeout=pool_timeout,
+            configure=self._configure,
             open=True,
         )
         self._listen_lock = threading.Lock()
@@ -227,6 +323,17 @@ class PostgresStore(SQLCore, SQLReads):
         except BaseException:
             self._pool.close()
             raise
+
+    def _configure(self, conn: Connection) -> None:
+        """A new pooled connection creates the one-round-trip function in its temporary schema
+        (``apply_function``). A server that refuses it (no TEMP privilege, a pooler that hands
+        sessions around) leaves batches statement by statement, as before the function."""
+        if not self.one_trip:
+            return
+        try:
+            conn.execute(apply_function())
+        except psycopg.Error:
+            self.one_trip = False
 
     def _edge(self) -> contextlib.AbstractContextManager[None]:
         """Where psycopg's exceptions become the ledger's: a restarted server, a cut connection, a
@@ -302,6 +409,181 @@ class PostgresStore(SQLCore, SQLReads):
                 return _rows(conn, sql, params)
 
     # -- writes ---------------------------------------------------------------------------------
+
+    def apply(self, batch: Batch, *, lease_ttl: float, now: float) -> dict[str, Any] | None:
+        """Commit one batch in one transaction, in one round trip when it can
+        (``_apply_one_trip``); otherwise statement by statement (``SQLCore.apply``)."""
+        if self.one_trip and not (batch.expectations or batch.decisions or batch.approvals):
+            done = self._apply_one_trip(batch, lease_ttl=lease_ttl, now=now)
+            if done is not None:
+                return done[0]
+        self.trips["by_statement"] += 1
+        self._heads.pop(batch.run_id, None)
+        return super().apply(batch, lease_ttl=lease_ttl, now=now)
+
+    def apply_many(
+        self, batches: Sequence[Batch], *, lease_ttl: float, now: float
+    ) -> list[Applied]:
+        """Group commit (``SQLCore.apply_many``); the heads remembered for its runs are dropped."""
+        for batch in batches:
+            self._heads.pop(batch.run_id, None)
+        return super().apply_many(batches, lease_ttl=lease_ttl, now=now)
+
+    def _apply_one_trip(
+        self, batch: Batch, *, lease_ttl: float, now: float
+    ) -> tuple[dict[str, Any] | None] | None:
+        """The batch composed on the run's head this process expects, and sent whole: one
+        statement, the function (``queries/postgres_apply.sql``), in a transaction of its own.
+
+        The function locks the run's row and checks the lease token and the heads the batch was
+        composed on before it writes. A head that moved comes back instead (nothing written), and
+        the batch is composed on it and sent again. Returns the run's control request (in a
+        1-tuple), or None: apply it statement by statement (the head keeps moving, the batch opens
+        a shard's chain, or it was refused: the statements say why, as they always have).
+        """
+        run_id = batch.run_id
+        shard = audit_chain.shard_of(run_id)
+        head = self._new_head(batch) if batch.new_run is not None else self._heads.get(run_id)
+        shard_head = self._shard_heads.get(shard)
+        composed: Composed | None = None
+        composed_on: dict[str, Any] | None = None
+        with self._edge(), self._pool.connection() as conn:
+            for _ in range(_ONE_TRIP_TRIES):
+                if head is not None and head != composed_on:
+                    composed, composed_on = self._compose(batch, head, now=now), head
+                params, shard_after = self._one_trip_params(
+                    batch, head, composed, shard, shard_head, lease_ttl=lease_ttl, now=now
+                )
+                try:
+                    # One statement in its own transaction (the connection is in autocommit): it
+                    # commits when the function returns, and writes nothing if it raises.
+                    row = conn.execute(SQL["apply_batch"], params).fetchone()
+                except psycopg.Error as exc:
+                    if not _answered(exc):
+                        raise  # the connection went away: as a COMMIT that got no answer
+                    return None
+                answer = row[0] if row else None
+                if answer is None and head is not None and composed is not None:
+                    self.trips["one_trip"] += 1
+                    self._remember(run_id, head, composed, shard, shard_after)
+                    return (composed.control,)
+                if answer is None or "moved" not in answer:
+                    return None  # refused (the lease, the run's id): the statements say so
+                self.trips["moved"] += 1
+                if answer["moved"] is not None or batch.new_run is None:
+                    head = answer["moved"]  # a new run keeps the head its insert gives it
+                found = answer["shard"]
+                shard_head = None if found is None else (int(found[0]), str(found[1]))
+                if shard_head is None or shard_head[0] == 0:
+                    return None  # the shard's first seal also moves the index row
+        return None
+
+    def _new_head(self, batch: Batch) -> dict[str, Any]:
+        """The head a new run's row has once inserted (``insert_run``'s RETURNING list)."""
+        assert batch.new_run is not None
+        row = rowmap.row_values(batch.new_run, rowmap.RUN_FIELDS)
+        values = dict(zip(rowmap.RUN_COLUMNS, row, strict=True))
+        values.update(
+            audit_head=audit_chain.genesis(batch.run_id),
+            audit_count=0,
+            seal_head=None,
+            seal_count=0,
+        )
+        return _plain({k: values[k] for k in _HEAD})
+
+    def _one_trip_params(
+        self,
+        batch: Batch,
+        head: dict[str, Any] | None,
+        composed: Composed | None,
+        shard: int,
+        shard_head: tuple[int, str] | None,
+        *,
+        lease_ttl: float,
+        now: float,
+    ) -> tuple[list[Any], tuple[int, str] | None]:
+        """The function's arguments (``apply_batch``; without a head, only what finds it), and the
+        shard's head once the batch's seal is chained into it."""
+        fenced = batch.lease_token is not None
+        if head is None or composed is None:
+            return [
+                batch.run_id,
+                batch.lease_token,
+                *([None] * 10),
+                shard,
+                *([None] * 4),
+                False,
+            ], None
+        new_run = None
+        if batch.new_run is not None:
+            values = rowmap.row_values(batch.new_run, rowmap.RUN_FIELDS)
+            new_run = _objects(_NEW_RUN_COLUMNS, [[*values, audit_chain.genesis(batch.run_id), 0]])
+        operations = _objects(
+            rowmap.OPERATION_FIELDS,
+            [rowmap.row_values(op, rowmap.OPERATION_FIELDS) for op in batch.operations],
+        )
+        changes = {rowmap.column(k): rowmap.value(k, v) for k, v in composed.changes.items()}
+        if fenced:
+            changes = {"lease_expires_at": now + lease_ttl, **changes}
+        seal = shard_n = shard_prev = shard_new = None
+        shard_after = None
+        if composed.seal is not None and shard_head is not None:
+            rows, moved = audit_chain.chain_shards(
+                [composed.seal], {shard: shard_head}, self.audit_key
+            )
+            seal = _objects(_SEAL_COLUMNS, rows)
+            shard_n, shard_prev, shard_new = shard_head[0], shard_head[1], moved[0][1]
+            shard_after = (moved[0][0], moved[0][1])
+        elif composed.seal is not None:
+            seal = "[]"  # the shard's head is not known: the function answers with it
+        notify = batch.new_run is not None or "status" in changes or "lease_owner" in changes
+        params: list[Any] = [
+            batch.run_id,
+            batch.lease_token,
+            now + lease_ttl if fenced else None,
+            _json(head),
+            new_run,
+            operations,
+            _objects(_STEP_COLUMNS, composed.written.get("steps", ())),
+            _objects(_EFFECT_COLUMNS, composed.written.get("effects", ())),
+            _objects(_ATTEMPT_COLUMNS, composed.written.get("attempts", ())),
+            _objects(_AUDIT_COLUMNS, composed.events),
+            _json(changes) if changes else None,
+            seal,
+            shard,
+            shard_n,
+            shard_prev,
+            shard_new,
+            CHANNEL if notify else None,
+            batch.deferrable and self.durability == "intents",
+        ]
+        return params, shard_after
+
+    def _remember(
+        self,
+        run_id: str,
+        head: dict[str, Any],
+        composed: Composed,
+        shard: int,
+        shard_after: tuple[int, str] | None,
+    ) -> None:
+        """The run's head (and its shard's) as the batch just committed left them."""
+        after = dict(head)
+        for field, value in composed.changes.items():
+            column = rowmap.column(field)
+            if column in after:
+                after[column] = rowmap.value(field, value)
+        if len(self._heads) >= _HEADS_KEPT:
+            self._heads.pop(next(iter(self._heads)), None)
+        self._heads[run_id] = _plain(after)
+        if shard_after is not None:
+            self._remember_shard(shard, shard_after)
+
+    def _remember_shard(self, shard: int, head: tuple[int, str]) -> None:
+        """A shard's head after a write of this process (never an older one over a newer)."""
+        known = self._shard_heads.get(shard)
+        if known is None or known[0] < head[0]:
+            self._shard_heads[shard] = head
 
     def apply_with(
         self,
@@ -382,6 +664,10 @@ class PostgresStore(SQLCore, SQLReads):
             shards, [(r["shard"], r["n"], r["head"]) for r in locked]
         )
         rows, moved = audit_chain.chain_shards(seals, heads, self.audit_key)
+        for n, head, shard in moved:
+            # What the next batch of one of these runs is composed on (if this one commits; if
+            # not, the function finds the shard's head and says so).
+            self._remember_shard(shard, (n, head))
         if audit_chain.first_uses(heads, shards):
             _rows(conn, SQL["lock_index"], (audit_chain.INDEX,))
             used = _rows(conn, SQL["used_shards"], (audit_chain.INDEX,))

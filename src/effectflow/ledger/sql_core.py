@@ -42,6 +42,22 @@ from effectflow.ledger.store import (
 CHANNEL = "effectflow_runnable"
 
 
+@dataclasses.dataclass(frozen=True)
+class Composed:
+    """A batch composed on its run's head (``SQLCore._compose``): what its statements send."""
+
+    #: The column values of its steps, effects and attempts, by table (in the batch's order).
+    written: dict[str, list[list[Any]]]
+    #: Its audit rows, chained onto the head (``insert_audit``'s values).
+    events: list[tuple[Any, ...]]
+    #: What it sets on the run (fields, and the chains' heads and lengths).
+    changes: dict[str, Any]
+    #: Its seal's values without their place in the shard's chain (None: nothing to seal).
+    seal: list[Any] | None
+    #: The run's control request after the batch.
+    control: dict[str, Any] | None
+
+
 class SQLCore(abc.ABC):
     """The write path shared by ``SQLiteStore`` and ``PostgresStore`` (see the module)."""
 
@@ -356,21 +372,38 @@ class SQLCore(abc.ABC):
                     run_id=batch.run_id,
                     step_id=approval.step_id,
                 )
+        composed = self._compose(batch, head, now=now)
+        for table, sql in (
+            ("steps", "upsert_step"),
+            ("effects", "upsert_effect"),
+            ("attempts", "upsert_attempt"),
+        ):
+            if table in composed.written:
+                self._many(conn, self.SQL[sql], composed.written[table])
+        if composed.events:
+            self._many(conn, self.SQL["insert_audit"], composed.events)
+        self._update_run(conn, batch, composed.changes, lease_ttl=lease_ttl, now=now)
+        self._wrote(conn, batch, composed.changes)
+        return composed.control, composed.seal
+
+    def _compose(self, batch: Batch, head: rowmap.Row, *, now: float) -> Composed:
+        """What a batch writes once its run's head is known: its rows' column values, its audit
+        events chained onto the head, its seal, and the run's changes. No statement: PostgreSQL
+        composes a batch on the head it expects and sends it whole (``postgres.PostgresStore``)."""
         written: dict[str, list[list[Any]]] = {}
-        for table, sql, names, found in (
-            ("steps", "upsert_step", rowmap.STEP_FIELDS, batch.steps),
-            ("effects", "upsert_effect", rowmap.EFFECT_FIELDS, batch.effects),
-            ("attempts", "upsert_attempt", rowmap.ATTEMPT_FIELDS, batch.attempts),
+        for table, names, found in (
+            ("steps", rowmap.STEP_FIELDS, batch.steps),
+            ("effects", rowmap.EFFECT_FIELDS, batch.effects),
+            ("attempts", rowmap.ATTEMPT_FIELDS, batch.attempts),
         ):
             if found:
-                values = written[table] = [rowmap.row_values(r, names) for r in found.values()]
-                self._many(conn, self.SQL[sql], values)
+                written[table] = [rowmap.row_values(r, names) for r in found.values()]
         changes = dict(batch.run_changes)
+        events: list[tuple[Any, ...]] = []
         if batch.audit:
             events, changes["audit_head"], changes["audit_count"] = chain_events(
                 batch, head["audit_head"], head["audit_count"], self.audit_key
             )
-            self._many(conn, self.SQL["insert_audit"], events)
         sealed = audit_chain.seal_batch(
             batch,
             rowmap.run_state(head),
@@ -387,12 +420,8 @@ class SQLCore(abc.ABC):
             changes["seal_head"], changes["seal_count"] = sealed[1], sealed[2]
         if changes:
             changes.setdefault("updated_at", now)
-        self._update_run(conn, batch, changes, lease_ttl=lease_ttl, now=now)
-        self._wrote(conn, batch, changes)
-        seal = None if sealed is None else sealed[0]
-        if "control" in changes:
-            return changes["control"], seal
-        return rowmap.loads(head["control_json"]), seal
+        control = changes["control"] if "control" in changes else rowmap.loads(head["control_json"])
+        return Composed(written, events, changes, None if sealed is None else sealed[0], control)
 
     def _update_run(
         self, conn: Any, batch: Batch, changes: dict[str, Any], *, lease_ttl: float, now: float

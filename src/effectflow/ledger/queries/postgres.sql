@@ -215,6 +215,14 @@ SELECT pg_notify(%(channel)s, run_id) FROM released WHERE status IN ('running', 
 SELECT pg_notify(%s, run_id) FROM runs
 WHERE run_id = %s AND status IN ('running', 'cancelling') AND lease_owner IS NULL;
 
+-- name: apply_batch (postgres only)
+-- A whole batch in one statement, its own transaction: the function each pooled connection
+-- creates (queries/postgres_apply.sql; its arguments are PostgresStore._one_trip_params'). NULL:
+-- written and committed; else what it found instead of the head the batch was composed on, or
+-- why it refused (nothing written).
+SELECT pg_temp.effectflow_apply(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s,
+                                %s);
+
 -- name: async_commit (postgres only)
 -- A deferrable batch under durability=intents: PostgreSQL's WAL is one sequence, so the next
 -- synchronous commit's flush makes this one durable too.

@@ -1,0 +1,308 @@
+"""A sequential write step on PostgreSQL: effectflow's (this tree, or commits) and DBOS's, interleaved.
+
+Issue 18's PostgreSQL part measures the write step on the server the tests use
+(``EFFECTFLOW_BENCH_PG``, default ``postgresql://postgres@127.0.0.1:5432/postgres``, its maintenance
+database: each sample creates a database of its own and drops it after). Each sample is a fresh
+process running one system's write workflow (10 steps that append a line to a file, the peer
+comparison's workload, ``effectflow.bench.Workloads`` / ``benchmarks/compare/peer_dbos.py``'s
+shape) for ``--runs`` workflows after a warm-up, and reports steps/s and the process's CPU time a
+step (user + system, ``time.process_time``: the client's CPU, not the server's). Then, for
+effectflow, a short counted pass (its own warm database) reports a step's statements, pipeline
+syncs (the round trips that wait for the server: psycopg's ``Pipeline._enqueue_sync`` plus the
+statements run outside a pipeline) and psycopg ``wait`` calls.
+
+Samples alternate (ABBA), so drift on a shared machine hits every system alike; printed are the
+medians, and each system's paired ratio against the first. Run::
+
+    .venv/bin/python benchmarks/pg_write_step.py --repeats 5                  # this tree and DBOS
+    .venv/bin/python benchmarks/pg_write_step.py --commits 62875d3 HEAD --repeats 7 --no-dbos
+    .venv/bin/python benchmarks/pg_write_step.py --profile                    # cProfile, this tree
+
+DBOS runs in the project's own venv (``dbos`` is a dev dependency there) or in
+``benchmarks/compare/.venvs/dbos`` when that exists, on ``postgresql+psycopg://`` to the same server.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import cProfile
+import gc
+import json
+import os
+import pstats
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse, urlunparse
+
+REPO = Path(__file__).resolve().parents[1]
+SERVER = os.environ.get("EFFECTFLOW_BENCH_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
+STEPS = 10
+
+
+def _url_of(database: str) -> str:
+    return urlunparse(urlparse(SERVER)._replace(path=f"/{database}"))
+
+
+@contextlib.contextmanager
+def fresh_database(prefix: str) -> Iterator[str]:
+    """A new database on the server, dropped after (its sessions ended)."""
+    import psycopg
+
+    name = f"{prefix}_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(SERVER, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield _url_of(name)
+    finally:
+        with psycopg.connect(SERVER, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def _timed(fn: Callable[[], object]) -> tuple[float, float]:
+    """Wall and CPU seconds of ``fn()``."""
+    gc.collect()
+    wall, cpu = time.perf_counter(), time.process_time()
+    fn()
+    return time.perf_counter() - wall, time.process_time() - cpu
+
+
+class Counts:
+    """psycopg's calls, counted by patching its Python layer (for the counted pass only)."""
+
+    def __init__(self) -> None:
+        self.statements = 0
+        self.syncs = 0
+        self.waits = 0
+
+    @contextlib.contextmanager
+    def patched(self) -> Iterator[None]:
+        import psycopg
+        from psycopg import _pipeline_base
+
+        base = _pipeline_base.BasePipeline
+        saved = (
+            base._enqueue_sync,
+            psycopg.Connection.wait,
+            psycopg.Cursor.execute,
+            psycopg.Cursor.executemany,
+        )
+        counts = self
+
+        def enqueue_sync(pipeline: Any) -> None:
+            counts.syncs += 1
+            saved[0](pipeline)
+
+        def wait(conn: Any, *args: Any, **kwargs: Any) -> Any:
+            counts.waits += 1
+            return saved[1](conn, *args, **kwargs)
+
+        def execute(cur: Any, query: Any, params: Any = None, **kwargs: Any) -> Any:
+            counts.statements += 1
+            if cur._conn._pipeline is None:
+                counts.syncs += 1  # a statement outside a pipeline waits for its own answer
+            return saved[2](cur, query, params, **kwargs)
+
+        def executemany(cur: Any, query: Any, params_seq: Any, **kwargs: Any) -> Any:
+            rows = list(params_seq)
+            counts.statements += len(rows)
+            return saved[3](cur, query, rows, **kwargs)
+
+        base._enqueue_sync = enqueue_sync  # type: ignore[method-assign]
+        psycopg.Connection.wait = wait  # type: ignore[method-assign]
+        psycopg.Cursor.execute = execute  # type: ignore[method-assign,assignment]
+        psycopg.Cursor.executemany = executemany  # type: ignore[method-assign]
+        try:
+            yield
+        finally:
+            (
+                base._enqueue_sync,  # type: ignore[method-assign]
+                psycopg.Connection.wait,  # type: ignore[method-assign]
+                psycopg.Cursor.execute,  # type: ignore[method-assign]
+                psycopg.Cursor.executemany,  # type: ignore[method-assign]
+            ) = saved
+
+
+def _effectflow(url: str, folder: Path, runs: int, profile: bool) -> dict[str, Any]:
+    from effectflow import bench
+
+    out: dict[str, Any] = {}
+    provider = bench.Provider(folder / "provider.txt")
+    workloads = bench.Workloads(url, provider)
+    try:
+        workloads.run("write", max(5, runs // 10), "warm")
+        if profile:
+            prof = cProfile.Profile(time.process_time)  # CPU, not wall time
+            prof.enable()
+        wall, cpu = _timed(lambda: workloads.run("write", runs, "timed"))
+        if profile:
+            prof.disable()
+            stats = pstats.Stats(prof, stream=sys.stderr).sort_stats("cumulative")
+            stats.print_stats(45)
+            stats.sort_stats("tottime").print_stats(30)
+        out.update(steps_s=runs * STEPS / wall, cpu_us=cpu / (runs * STEPS) * 1e6)
+        counts = Counts()
+        counted = 20
+        with counts.patched():
+            workloads.run("write", counted, "counted")
+        steps = counted * STEPS
+        out.update(
+            statements=counts.statements / steps,
+            syncs=counts.syncs / steps,
+            waits=counts.waits / steps,
+        )
+    finally:
+        workloads.close()
+        provider.close()
+    return out
+
+
+def _dbos(url: str, folder: Path, runs: int) -> dict[str, Any]:
+    sys.path.insert(0, str(REPO / "benchmarks" / "compare"))
+    import _common
+    from dbos import DBOS, SetWorkflowID
+
+    provider = _common.Provider(folder / "provider.txt")
+
+    @DBOS.step()
+    def append_line(key: str, payload: str) -> str:
+        provider.append(key, payload)
+        return key
+
+    @DBOS.workflow()
+    def write(run: str) -> None:
+        for i in range(STEPS):
+            append_line(f"{run}-w{i}", "x")
+
+    system = url.replace("postgresql://", "postgresql+psycopg://", 1)
+    DBOS(config={"name": "effectflow-pg-compare", "system_database_url": system})
+    DBOS.launch()
+
+    def drive(count: int, prefix: str) -> None:
+        for r in range(count):
+            with SetWorkflowID(f"{prefix}-{r}"):
+                write(f"{prefix}-{r}")
+
+    try:
+        drive(max(5, runs // 10), "warm")
+        wall, cpu = _timed(lambda: drive(runs, "timed"))
+    finally:
+        DBOS.destroy()
+    return {"steps_s": runs * STEPS / wall, "cpu_us": cpu / (runs * STEPS) * 1e6}
+
+
+def child(system: str, runs: int, profile: bool) -> None:
+    """One sample in this process: a fresh database, one system, one JSON line on stdout."""
+    with (
+        tempfile.TemporaryDirectory(prefix="pg-write-") as folder,
+        fresh_database(f"pgbench_{system}") as url,
+    ):
+        if system == "dbos":
+            found = _dbos(url, Path(folder), runs)
+        else:
+            found = _effectflow(url, Path(folder), runs, profile)
+    print(json.dumps(found), flush=True)
+
+
+def _dbos_python() -> str:
+    venv = REPO / "benchmarks" / "compare" / ".venvs" / "dbos" / "bin" / "python"
+    return str(venv) if venv.exists() else sys.executable
+
+
+def _sample(name: str, tree: Path | None, runs: int) -> dict[str, Any]:
+    env = dict(os.environ)
+    if name == "dbos":
+        python, system = _dbos_python(), "dbos"
+    else:
+        python, system = sys.executable, "effectflow"
+        env["PYTHONPATH"] = str((tree or REPO) / "src")
+    done = subprocess.run(
+        [python, __file__, "--child", system, "--runs", str(runs)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        check=False,
+    )
+    if done.returncode:
+        raise RuntimeError(f"{name}: {done.stderr[-3000:]}")
+    found: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    found["load1"] = os.getloadavg()[0]
+    return found
+
+
+def _export(commit: str, into: Path) -> Path:
+    into.mkdir(parents=True)
+    archive = subprocess.run(
+        ["git", "-C", str(REPO), "archive", commit], capture_output=True, check=True
+    )
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive.stdout, check=True)
+    return into
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--child", choices=("effectflow", "dbos"), help=argparse.SUPPRESS)
+    parser.add_argument("--runs", type=int, default=200, help="workflows a sample times")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--commits", nargs="+", default=[], help="effectflow commits to compare")
+    parser.add_argument("--no-dbos", action="store_true", help="leave DBOS out")
+    parser.add_argument("--profile", action="store_true", help="cProfile this tree, in process")
+    args = parser.parse_args(argv)
+    if args.child:
+        child(args.child, args.runs, profile=False)
+        return 0
+    if args.profile:
+        with (
+            tempfile.TemporaryDirectory(prefix="pg-write-") as folder,
+            fresh_database("pgbench_profile") as url,
+        ):
+            print(json.dumps(_effectflow(url, Path(folder), args.runs, profile=True)))
+        return 0
+    with tempfile.TemporaryDirectory(prefix="effectflow-trees-") as folder:
+        systems: dict[str, Path | None] = {}
+        for i, commit in enumerate(args.commits):
+            systems[commit] = _export(commit, Path(folder) / str(i))
+        if not args.commits:
+            systems["effectflow"] = None
+        if not args.no_dbos:
+            systems["dbos"] = None
+        samples: dict[str, list[dict[str, Any]]] = {name: [] for name in systems}
+        for rep in range(args.repeats):
+            order = list(systems) if rep % 2 == 0 else list(reversed(systems))
+            for name in order:
+                found = _sample(name, systems[name], args.runs)
+                samples[name].append(found)
+                print(f"[{rep + 1}/{args.repeats}] {name}: {found}", file=sys.stderr)
+    first = next(iter(systems))
+    print(
+        f"| system | steps/s | CPU µs/step | statements/step | syncs/step | waits/step "
+        f"| steps/s / {first} (paired) | CPU / {first} (paired) | load1 |"
+    )
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
+    for name, found in samples.items():
+        ratio = [s["steps_s"] / f["steps_s"] for s, f in zip(found, samples[first], strict=True)]
+        cpu = [s["cpu_us"] / f["cpu_us"] for s, f in zip(found, samples[first], strict=True)]
+        loads = [s["load1"] for s in found]
+
+        def med(key: str, found: list[dict[str, Any]] = found) -> str:
+            values = [s[key] for s in found if key in s]
+            return f"{statistics.median(values):.1f}" if values else "—"
+
+        print(
+            f"| {name} | {med('steps_s')} | {med('cpu_us')} | {med('statements')} "
+            f"| {med('syncs')} | {med('waits')} | {statistics.median(ratio):.3f} "
+            f"| {statistics.median(cpu):.3f} | {min(loads):.2f}–{max(loads):.2f} |"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
