@@ -211,3 +211,21 @@ def test_a_failed_expectation_writes_nothing(pg: postgres.PostgresStore) -> None
     pg.apply(outcome_batch(token, "warm"), lease_ttl=TTL, now=T0 + 4)
     assert pg.trips["one_trip"] >= one_trip
     assert pg.verify_audit() == []
+
+
+def test_a_session_that_lost_the_function_applies_batches_by_statement(
+    pg: postgres.PostgresStore,
+) -> None:
+    """A pooled session without the function (a pooler in front of the server handed the store
+    another one) costs the batch nothing but the try: it is applied statement by statement, and
+    so is every later batch of the store."""
+    token = started(pg)
+    with pg._pool.connection() as conn:
+        conn.execute("DROP FUNCTION pg_temp.effectflow_apply")
+    pg.apply(outcome_batch(token, "warm"), lease_ttl=TTL, now=T0 + 3)
+    assert pg.one_trip is False
+    by_statement = pg.trips["by_statement"]
+    pg.apply(outcome_batch(token, "warm"), lease_ttl=TTL, now=T0 + 4)
+    assert pg.trips["by_statement"] == by_statement + 1
+    assert {s.step_id: s.status for s in pg.steps("r1")}["warm"] is StepStatus.CONFIRMED
+    assert pg.verify_audit() == []

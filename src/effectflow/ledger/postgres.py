@@ -326,13 +326,17 @@ class PostgresStore(SQLCore, SQLReads):
 
     def _configure(self, conn: Connection) -> None:
         """A new pooled connection creates the one-round-trip function in its temporary schema
-        (``apply_function``). A server that refuses it (no TEMP privilege, a pooler that hands
-        sessions around) leaves batches statement by statement, as before the function."""
+        (``apply_function``). A server that refuses it (a role without TEMP on the database, a
+        read-only server) leaves this store's batches statement by statement, as before the
+        function; a connection that breaks meanwhile fails as any other (the pool makes another).
+        """
         if not self.one_trip:
             return
         try:
             conn.execute(apply_function())
-        except psycopg.Error:
+        except psycopg.Error as exc:
+            if not _answered(exc):
+                raise
             self.one_trip = False
 
     def _edge(self) -> contextlib.AbstractContextManager[None]:
@@ -461,6 +465,10 @@ class PostgresStore(SQLCore, SQLReads):
                 except psycopg.Error as exc:
                     if not _answered(exc):
                         raise  # the connection went away: as a COMMIT that got no answer
+                    if isinstance(exc, psycopg.errors.UndefinedFunction):
+                        # The session lost its function (a pooler in front of the server hands
+                        # sessions around): no more one-trip batches from this store.
+                        self.one_trip = False
                     return None
                 answer = row[0] if row else None
                 if answer is None and head is not None and composed is not None:
