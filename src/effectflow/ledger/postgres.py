@@ -36,6 +36,7 @@ from __future__ import annotations
 import contextlib
 import enum
 import functools
+import json
 import re
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -49,7 +50,7 @@ import psycopg_pool
 from psycopg import conninfo as pg_conninfo
 from psycopg.rows import TupleRow, dict_row
 
-from effectflow import digests, errors
+from effectflow import errors
 from effectflow.ledger import audit as audit_chain
 from effectflow.ledger import queries, records, rowmap, upgrades
 from effectflow.ledger.edge import ToolRaised, driver_cause, driver_errors
@@ -156,8 +157,8 @@ def apply_function() -> str:
     return _MARK_RE.sub(lambda m: _from_json(m["name"], m["param"]), template)
 
 
-#: The JSON the function's arguments are printed in (the C encoder, made once).
-_json = digests.json_printer(sort_keys=False)
+#: The JSON the function's arguments are printed in (compact; UTF-8 kept as is).
+_json = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
 
 
 def _objects(columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> str | None:
