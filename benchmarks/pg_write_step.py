@@ -17,6 +17,8 @@ medians, and each system's paired ratio against the first. Run::
     .venv/bin/python benchmarks/pg_write_step.py --repeats 5                  # this tree and DBOS
     .venv/bin/python benchmarks/pg_write_step.py --commits 62875d3 HEAD --repeats 7 --no-dbos
     .venv/bin/python benchmarks/pg_write_step.py --profile                    # cProfile, this tree
+    .venv/bin/python benchmarks/pg_write_step.py --floor    # and a raw commit each repetition
+    .venv/bin/python benchmarks/pg_write_step.py --commits A B --no-dbos --workload sequential
 
 DBOS runs in the project's own venv (``dbos`` is a dev dependency there) or in
 ``benchmarks/compare/.venvs/dbos`` when that exists, on ``postgresql+psycopg://`` to the same server.
@@ -130,18 +132,20 @@ class Counts:
             ) = saved
 
 
-def _effectflow(url: str, folder: Path, runs: int, profile: bool) -> dict[str, Any]:
+def _effectflow(
+    url: str, folder: Path, runs: int, profile: bool, workload: str = "write"
+) -> dict[str, Any]:
     from effectflow import bench
 
     out: dict[str, Any] = {}
     provider = bench.Provider(folder / "provider.txt")
     workloads = bench.Workloads(url, provider)
     try:
-        workloads.run("write", max(5, runs // 10), "warm")
+        workloads.run(workload, max(5, runs // 10), "warm")
         if profile:
             prof = cProfile.Profile(time.process_time)  # CPU, not wall time
             prof.enable()
-        wall, cpu = _timed(lambda: workloads.run("write", runs, "timed"))
+        wall, cpu = _timed(lambda: workloads.run(workload, runs, "timed"))
         if profile:
             prof.disable()
             stats = pstats.Stats(prof, stream=sys.stderr).sort_stats("cumulative")
@@ -151,7 +155,7 @@ def _effectflow(url: str, folder: Path, runs: int, profile: bool) -> dict[str, A
         counts = Counts()
         counted = 20
         with counts.patched():
-            workloads.run("write", counted, "counted")
+            workloads.run(workload, counted, "counted")
         steps = counted * STEPS
         out.update(
             statements=counts.statements / steps,
@@ -198,7 +202,22 @@ def _dbos(url: str, folder: Path, runs: int) -> dict[str, Any]:
     return {"steps_s": runs * STEPS / wall, "cpu_us": cpu / (runs * STEPS) * 1e6}
 
 
-def child(system: str, runs: int, profile: bool) -> None:
+def _floor(url: str, commits: int = 500) -> dict[str, Any]:
+    """A raw commit on the server: a one-row INSERT in autocommit, ``commits`` times (after 50),
+    as the write step's floor: a step commits twice (its intent, its outcome)."""
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("CREATE TABLE floor (n integer)")
+        for _ in range(50):
+            conn.execute("INSERT INTO floor VALUES (1)")
+        wall, cpu = _timed(
+            lambda: [conn.execute("INSERT INTO floor VALUES (1)") for _ in range(commits)]
+        )
+    return {"steps_s": commits / wall / 2, "cpu_us": cpu / commits * 2 * 1e6}
+
+
+def child(system: str, runs: int, profile: bool, workload: str = "write") -> None:
     """One sample in this process: a fresh database, one system, one JSON line on stdout."""
     with (
         tempfile.TemporaryDirectory(prefix="pg-write-") as folder,
@@ -206,8 +225,10 @@ def child(system: str, runs: int, profile: bool) -> None:
     ):
         if system == "dbos":
             found = _dbos(url, Path(folder), runs)
+        elif system == "floor":
+            found = _floor(url)
         else:
-            found = _effectflow(url, Path(folder), runs, profile)
+            found = _effectflow(url, Path(folder), runs, profile, workload)
     print(json.dumps(found), flush=True)
 
 
@@ -216,15 +237,17 @@ def _dbos_python() -> str:
     return str(venv) if venv.exists() else sys.executable
 
 
-def _sample(name: str, tree: Path | None, runs: int) -> dict[str, Any]:
+def _sample(name: str, tree: Path | None, runs: int, workload: str) -> dict[str, Any]:
     env = dict(os.environ)
     if name == "dbos":
         python, system = _dbos_python(), "dbos"
+    elif name == "floor":
+        python, system = sys.executable, "floor"
     else:
         python, system = sys.executable, "effectflow"
         env["PYTHONPATH"] = str((tree or REPO) / "src")
     done = subprocess.run(
-        [python, __file__, "--child", system, "--runs", str(runs)],
+        [python, __file__, "--child", system, "--runs", str(runs), "--workload", workload],
         env=env,
         capture_output=True,
         text=True,
@@ -249,7 +272,16 @@ def _export(commit: str, into: Path) -> Path:
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--child", choices=("effectflow", "dbos"), help=argparse.SUPPRESS)
+    parser.add_argument("--child", choices=("effectflow", "dbos", "floor"), help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--workload",
+        choices=("write", "sequential"),
+        default="write",
+        help="effectflow's workload (DBOS always runs write)",
+    )
+    parser.add_argument(
+        "--floor", action="store_true", help="a raw commit a sample (steps/s: two a step)"
+    )
     parser.add_argument("--runs", type=int, default=200, help="workflows a sample times")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--commits", nargs="+", default=[], help="effectflow commits to compare")
@@ -257,14 +289,14 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--profile", action="store_true", help="cProfile this tree, in process")
     args = parser.parse_args(argv)
     if args.child:
-        child(args.child, args.runs, profile=False)
+        child(args.child, args.runs, profile=False, workload=args.workload)
         return 0
     if args.profile:
         with (
             tempfile.TemporaryDirectory(prefix="pg-write-") as folder,
             fresh_database("pgbench_profile") as url,
         ):
-            print(json.dumps(_effectflow(url, Path(folder), args.runs, profile=True)))
+            print(json.dumps(_effectflow(url, Path(folder), args.runs, True, args.workload)))
         return 0
     with tempfile.TemporaryDirectory(prefix="effectflow-trees-") as folder:
         systems: dict[str, Path | None] = {}
@@ -274,11 +306,13 @@ def main(argv: list[str]) -> int:
             systems["effectflow"] = None
         if not args.no_dbos:
             systems["dbos"] = None
+        if args.floor:
+            systems["floor"] = None
         samples: dict[str, list[dict[str, Any]]] = {name: [] for name in systems}
         for rep in range(args.repeats):
             order = list(systems) if rep % 2 == 0 else list(reversed(systems))
             for name in order:
-                found = _sample(name, systems[name], args.runs)
+                found = _sample(name, systems[name], args.runs, args.workload)
                 samples[name].append(found)
                 print(f"[{rep + 1}/{args.repeats}] {name}: {found}", file=sys.stderr)
     first = next(iter(systems))
