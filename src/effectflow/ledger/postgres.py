@@ -479,8 +479,10 @@ class PostgresStore(SQLCore, SQLReads):
                 if answer is None or "moved" not in answer:
                     return None  # refused (the lease, the run's id): the statements say so
                 self.trips["moved"] += 1
-                if answer["moved"] is not None or batch.new_run is None:
-                    head = answer["moved"]  # a new run keeps the head its insert gives it
+                if answer["moved"] is None and batch.new_run is None:
+                    return None  # no such run: the statements say so (RunNotFound)
+                if answer["moved"] is not None:
+                    head = answer["moved"]  # (a new run keeps the head its insert gives it)
                 found = answer["shard"]
                 shard_head = None if found is None else (int(found[0]), str(found[1]))
                 if shard_head is None or shard_head[0] == 0:
