@@ -46,6 +46,7 @@ def _answer(port: Port, state: state_mod.RunState, request: machine_io.Request) 
     if isinstance(request, machine_io.Commit):
         port.writer.commit(state, request.batch)
         return None
+    port.writer.away()  # a call or a wait: group commit's turns go on without this thread
     if isinstance(request, machine_io.Invoke):
         return call_sync(request)
     if isinstance(request, machine_io.AwaitCall):

@@ -36,9 +36,15 @@ class LedgerWriter:
         # Threads: unless told, the backend's measured default (BENCHMARKS.md, "Workers"): on for
         # SQLite, off for PostgreSQL, which flushes concurrent commits together by itself.
         threads = store.group_commit_default if group_commit is None else group_commit
+        # One writer at a time (SQLite): the threads take turns, so that a group's statements
+        # run while the others are parked (``group_commit``, BENCHMARKS.md "Issue 18: threads").
         committer = (
             group_commit_mod.GroupCommitter(
-                store, lease_ttl=lease_ttl, clock=clock, max_parallel=store.max_concurrent_writers
+                store,
+                lease_ttl=lease_ttl,
+                clock=clock,
+                max_parallel=store.max_concurrent_writers,
+                turns=store.max_concurrent_writers == 1,
             )
             if threads
             else None
@@ -100,6 +106,12 @@ class LedgerWriter:
             self._store, batch, apply, clock=self._clock, patience=self._ledger_retry
         )
         self._committed(state, renewed, control)
+
+    def away(self) -> None:
+        """The calling thread leaves the step machine for a while (a tool call, a wait): with
+        group commit's turns, the next writer goes on now instead of waiting for this one."""
+        if self.committer is not None:
+            self.committer.away()
 
     async def commit_async(self, state: state_mod.RunState, batch: Batch) -> None:
         """``commit`` for a run driven by asyncio: with group commit, the batch shares a
