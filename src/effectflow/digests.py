@@ -26,7 +26,7 @@ import hashlib
 import json
 import math
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import PurePath
 from typing import Any
 
@@ -347,14 +347,82 @@ def recordable_text(text: str) -> str:
     return escaped.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
-#: One encoder for every canonical print: ``json.dumps`` with these options builds a new encoder a
-#: call, and the write path prints ~10 values a step.
-_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+def json_printer(*, sort_keys: bool) -> Callable[[Any], str]:
+    """``JSONEncoder(separators=(",", ":"), ensure_ascii=False, sort_keys=...).encode`` as one C
+    encoder made once (that very ``encode`` where ``json`` has no C speedups).
+
+    ``JSONEncoder.encode`` builds a new C encoder, a float printer and a markers dict on every
+    call, which costs more than printing the small values the write path prints (~30 a step).
+    The C encoder made here prints the very same text (its floats by ``float.__repr__``, NaN and
+    the infinities as ``NaN``/``Infinity`` as ``allow_nan`` allows, strings by the same
+    ``encode_basestring``). It keeps no markers (``check_circular`` off): a markers dict shared
+    by every call and thread would outlive a failed call with stale entries. A value that
+    contains itself raises ``RecursionError`` instead of ``ValueError``; the values printed here
+    are normalized first (``to_jsonable`` refuses a value that contains itself) or built by
+    effectflow."""
+    make = getattr(json.encoder, "c_make_encoder", None)
+    if make is None:
+        return json.JSONEncoder(
+            sort_keys=sort_keys, separators=(",", ":"), ensure_ascii=False
+        ).encode
+    encode = make(
+        None,  # markers: no circular check (see above)
+        json.JSONEncoder().default,  # raises TypeError for a type JSON has no form for
+        json.encoder.encode_basestring,  # ensure_ascii=False
+        None,  # indent
+        ":",
+        ",",
+        sort_keys,
+        False,  # skipkeys
+        True,  # allow_nan
+    )
+    join = "".join
+
+    def printed(value: Any) -> str:
+        return join(encode(value, 0))
+
+    return printed
+
+
+#: ``canonical_json`` itself (``json_printer``).
+_canonical = json_printer(sort_keys=True)
 
 
 def canonical_json(value: Any) -> str:
     """Print already-normalized JSON one way only: sorted keys, no spaces, UTF-8 kept as is."""
-    return _CANONICAL.encode(value)
+    return _canonical(value)
+
+
+#: The JSON text of a string, as ``canonical_json`` prints it (a string has one print).
+json_string: Callable[[str], str] = json.encoder.encode_basestring
+
+
+#: ``json_number``'s memo: a finite, nonzero float's text (zero is left out: ``-0.0 == 0.0``).
+_NUMBERS: dict[float, str] = {}
+#: How many texts the memo keeps before it starts over (a batch's times are a few values, mostly
+#: its ``now`` and the times of the rows it rewrites).
+_NUMBERS_KEPT = 4096
+
+
+def json_number(value: float) -> str:
+    """The JSON text of a float (a time), as ``canonical_json`` prints it, remembered.
+
+    A float's shortest round-trip text (``float.__repr__``, which the encoder prints a finite
+    float with) costs ~9,000 instructions, more than anything else a row's print does, and a
+    batch prints the same few times again and again (its ``now`` in half its columns, its event,
+    its seal). Equal finite nonzero floats have one text, so it is kept by value. Anything else
+    (an int a test clock gives, a float subclass, NaN, the infinities, zero) goes through
+    ``canonical_json`` as before."""
+    if type(value) is float:
+        text = _NUMBERS.get(value)
+        if text is not None:
+            return text
+        if value and math.isfinite(value):
+            if len(_NUMBERS) >= _NUMBERS_KEPT:
+                _NUMBERS.clear()
+            text = _NUMBERS[value] = float.__repr__(value)
+            return text
+    return canonical_json(value)
 
 
 def dumps(value: Any) -> str:

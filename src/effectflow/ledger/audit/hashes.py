@@ -114,7 +114,7 @@ def event_hash_of_text(
     the write path prints it once for both. The body is the canonical JSON of the list, built
     from its items' canonical prints (a list prints as its items joined, without spaces)."""
     head = digests.canonical_json([run_id, step_id, effect_id, kind, actor])
-    body = f"{head[:-1]},{detail_json},{digests.canonical_json(at)}]"
+    body = f"{head[:-1]},{detail_json},{digests.json_number(at)}]"
     return _hash(key, f"{prev_hash}\n{body}")
 
 
@@ -133,7 +133,7 @@ def seal_hash(
     map as stored (canonical JSON): it is hashed as it is, not printed again (the body is the
     canonical JSON of ``[run_id, n, rows, audit_head, audit_count, at]``)."""
     body = (
-        f"[{digests.canonical_json(run_id)},{n},{rows_json},"
-        f"{digests.canonical_json(audit_head)},{audit_count},{digests.canonical_json(at)}]"
+        f"[{digests.json_string(run_id)},{n},{rows_json},"
+        f"{digests.json_string(audit_head)},{audit_count},{digests.json_number(at)}]"
     )
     return _hash(key, f"{prev_hash}\n{body}")
