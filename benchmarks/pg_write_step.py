@@ -33,6 +33,7 @@ import gc
 import json
 import os
 import pstats
+import resource
 import statistics
 import subprocess
 import sys
@@ -229,6 +230,7 @@ def child(system: str, runs: int, profile: bool, workload: str = "write") -> Non
             found = _floor(url)
         else:
             found = _effectflow(url, Path(folder), runs, profile, workload)
+    found["maxrss_kb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     print(json.dumps(found), flush=True)
 
 
@@ -318,9 +320,9 @@ def main(argv: list[str]) -> int:
     first = next(iter(systems))
     print(
         f"| system | steps/s | CPU µs/step | statements/step | syncs/step | waits/step "
-        f"| steps/s / {first} (paired) | CPU / {first} (paired) | load1 |"
+        f"| max RSS KiB | steps/s / {first} (paired) | CPU / {first} (paired) | load1 |"
     )
-    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
     for name, found in samples.items():
         ratio = [s["steps_s"] / f["steps_s"] for s, f in zip(found, samples[first], strict=True)]
         cpu = [s["cpu_us"] / f["cpu_us"] for s, f in zip(found, samples[first], strict=True)]
@@ -332,7 +334,8 @@ def main(argv: list[str]) -> int:
 
         print(
             f"| {name} | {med('steps_s')} | {med('cpu_us')} | {med('statements')} "
-            f"| {med('syncs')} | {med('waits')} | {statistics.median(ratio):.3f} "
+            f"| {med('syncs')} | {med('waits')} | {med('maxrss_kb')} "
+            f"| {statistics.median(ratio):.3f} "
             f"| {statistics.median(cpu):.3f} | {min(loads):.2f}–{max(loads):.2f} |"
         )
     return 0
