@@ -295,3 +295,15 @@ def test_a_lone_thread_commits_each_batch_alone(world: World) -> None:
         assert committer is not None
         assert committer.batches == committer.transactions >= 3 * 2 * STEPS
     assert world.intent_was_durable == [True] * (3 * STEPS)
+
+
+def test_the_turns_are_sqlites_only(world: World) -> None:
+    """Measured on SQLite only: PostgreSQL's group commit, when asked for, is as it was, even
+    with a pool small enough for one group transaction at a time."""
+    registry, _ = _app(world)
+    sqlite = world.url.startswith("sqlite")
+    url = world.url if sqlite else f"{world.url}?pool_max=2"
+    with ef.Runtime(url, registry=registry, group_commit=True) as rt:
+        assert rt.committer is not None
+        assert rt.committer.max_parallel == 1
+        assert rt.committer.turns is sqlite

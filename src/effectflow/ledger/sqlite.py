@@ -127,6 +127,9 @@ class SQLiteStore(SQLCore, SQLReads):
         #: (BENCHMARKS.md, "Workers").
         self.group_commit_default = True
         self.max_concurrent_writers = 1
+        #: The threads' group commit takes turns (``group_commit``): the statements of the one
+        #: writer's transaction run while the other threads are parked.
+        self.group_commit_turns = True
         #: How long an idle worker sleeps between looks for work (no LISTEN/NOTIFY in SQLite).
         self.poll_interval = float(options.get("poll_interval", 0.1))
         mode = options.get("mode", "rw").lower()

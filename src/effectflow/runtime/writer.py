@@ -36,15 +36,16 @@ class LedgerWriter:
         # Threads: unless told, the backend's measured default (BENCHMARKS.md, "Workers"): on for
         # SQLite, off for PostgreSQL, which flushes concurrent commits together by itself.
         threads = store.group_commit_default if group_commit is None else group_commit
-        # One writer at a time (SQLite): the threads take turns, so that a group's statements
-        # run while the others are parked (``group_commit``, BENCHMARKS.md "Issue 18: threads").
+        # SQLite: the threads take turns, so that a group's statements run while the others are
+        # parked and it carries every run in flight (``group_commit``; measured on SQLite only,
+        # so a backend says so: ``SQLiteStore.group_commit_turns``).
         committer = (
             group_commit_mod.GroupCommitter(
                 store,
                 lease_ttl=lease_ttl,
                 clock=clock,
                 max_parallel=store.max_concurrent_writers,
-                turns=store.max_concurrent_writers == 1,
+                turns=bool(getattr(store, "group_commit_turns", False)),
             )
             if threads
             else None
