@@ -544,7 +544,7 @@ class PostgresStore(SQLCore, SQLReads):
             return [
                 batch.run_id,
                 batch.lease_token,
-                *([None] * 10),
+                *([None] * 9),
                 shard,
                 *([None] * 4),
                 False,
@@ -575,7 +575,6 @@ class PostgresStore(SQLCore, SQLReads):
         params: list[Any] = [
             batch.run_id,
             batch.lease_token,
-            now + lease_ttl if fenced else None,
             _json(head),
             new_run,
             operations,

@@ -220,8 +220,7 @@ WHERE run_id = %s AND status IN ('running', 'cancelling') AND lease_owner IS NUL
 -- creates (queries/postgres_apply.sql; its arguments are PostgresStore._one_trip_params'). NULL:
 -- written and committed; else what it found instead of the head the batch was composed on, or
 -- why it refused (nothing written).
-SELECT pg_temp.effectflow_apply(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s,
-                                %s);
+SELECT pg_temp.effectflow_apply(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s);
 
 -- name: async_commit (postgres only)
 -- A deferrable batch under durability=intents: PostgreSQL's WAL is one sequence, so the next

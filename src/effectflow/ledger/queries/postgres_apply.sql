@@ -7,18 +7,17 @@
 -- A batch is composed in the client on the run's head it expects (and its shard's head): its
 -- audit events chained, its seal hashed, with the operator's key, which never leaves the process.
 -- The function locks the run's row and compares: a lease token that is no longer current, or a
--- head or shard head that moved, returns before anything is written (the client raises LeaseLost,
--- or composes again on the head returned). Once it writes, every refusal raises (SQLSTATE EF409,
+-- head or shard head that moved, returns before anything is written (the client applies the batch
+-- statement by statement, which raises LeaseLost, or composes again on the head returned). Once it writes, every refusal raises (SQLSTATE EF409,
 -- EF412), so the transaction writes nothing and the client applies the batch statement by
 -- statement instead, which says what was refused as it always has.
 --
--- @name(statement) marks are the named queries of postgres.sql, their VALUES read from the
+-- The @<query>(<argument>) marks are the named queries of postgres.sql, their VALUES read from the
 -- batch's JSON rows (json_populate_recordset, so each column keeps its own type): the rows are
 -- written by the same statements either way.
 CREATE OR REPLACE FUNCTION pg_temp.effectflow_apply(
     p_run_id text,
     p_token bigint,
-    p_lease_expires double precision,
     p_expect json,
     p_new_run json,
     p_operations json,
