@@ -229,3 +229,23 @@ def test_a_session_that_lost_the_function_applies_batches_by_statement(
     assert pg.trips["by_statement"] == by_statement + 1
     assert {s.step_id: s.status for s in pg.steps("r1")}["warm"] is StepStatus.CONFIRMED
     assert pg.verify_audit() == []
+
+
+def test_a_forgotten_head_costs_a_round_trip_not_a_write(
+    pg: postgres.PostgresStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The store remembers a bounded number of heads: a run whose head it let go is asked for
+    it (nothing written), then written, and the chains verify."""
+    monkeypatch.setattr(postgres, "_HEADS_KEPT", 2)
+    token = started(pg)
+    shard = audit.shard_of("r1")
+    same = [f"n{i}" for i in range(10_000) if audit.shard_of(f"n{i}") == shard][:2]
+    for run_id in same:  # in r1's shard, whose head the store knows: each one trip
+        create_run(pg, run_id)
+    assert set(pg._heads) == set(same)
+    assert "r1" not in pg._heads
+    moved = pg.trips["moved"]
+    pg.apply(outcome_batch(token, "warm"), lease_ttl=TTL, now=T0 + 3)
+    assert pg.trips["moved"] == moved + 1
+    assert {s.step_id: s.status for s in pg.steps("r1")}["warm"] is StepStatus.CONFIRMED
+    assert pg.verify_audit() == []

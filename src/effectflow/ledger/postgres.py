@@ -608,7 +608,9 @@ class PostgresStore(SQLCore, SQLReads):
             if column in after:
                 after[column] = rowmap.value(field, value)
         if len(self._heads) >= _HEADS_KEPT:
-            self._heads.pop(next(iter(self._heads)), None)
+            # The oldest goes (another thread may be changing the dict: then nothing does).
+            with contextlib.suppress(StopIteration, RuntimeError):
+                self._heads.pop(next(iter(self._heads)), None)
         self._heads[run_id] = _plain(after)
         if shard_after is not None:
             self._remember_shard(shard, shard_after)
