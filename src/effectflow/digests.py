@@ -26,7 +26,7 @@ import hashlib
 import json
 import math
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from pathlib import PurePath
 from typing import Any
 
@@ -393,103 +393,36 @@ def canonical_json(value: Any) -> str:
     return _canonical(value)
 
 
-class _FloatTexts(dict[float, str]):
-    """The JSON texts of floats (times), remembered by value: ``texts[x]`` for an exact float.
+#: The JSON text of a string, as ``canonical_json`` prints it (a string has one print).
+json_string: Callable[[str], str] = json.encoder.encode_basestring
+
+
+#: ``json_number``'s memo: a finite, nonzero float's text (zero is left out: ``-0.0 == 0.0``).
+_NUMBERS: dict[float, str] = {}
+#: How many texts the memo keeps before it starts over (a batch's times are a few values, mostly
+#: its ``now`` and the times of the rows it rewrites).
+_NUMBERS_KEPT = 4096
+
+
+def json_number(value: float) -> str:
+    """The JSON text of a float (a time), as ``canonical_json`` prints it, remembered.
 
     A float's shortest round-trip text (``float.__repr__``, which the encoder prints a finite
     float with) costs ~9,000 instructions, more than anything else a row's print does, and a
     batch prints the same few times again and again (its ``now`` in half its columns, its event,
-    its seal, the times of the rows it rewrites). Equal finite nonzero floats have one text, so
-    they are kept by value; zero (``-0.0 == 0.0``), NaN and the infinities are printed each time
-    by ``canonical_json`` and never kept. A hit is one C dict lookup; the memo starts over once
-    it holds ``KEPT`` texts."""
-
-    KEPT = 4096
-
-    def __missing__(self, value: float) -> str:
-        if not value or not math.isfinite(value):
-            return canonical_json(value)
-        if len(self) >= self.KEPT:
-            self.clear()
-        text = self[value] = float.__repr__(value)
-        return text
-
-
-class _StringTexts(dict[str, str]):
-    """The JSON texts of short strings, remembered: ``texts[s]`` for an exact ``str``.
-
-    ``encode_basestring`` costs ~1,300 instructions for a 30-character id, and a batch prints
-    the same ids in several rows (a run id in every row, a step's and an effect's ids in the
-    step, effect, attempt and event rows, a tool's name, a status), and again in the next batch.
-    A string has one text, so it is kept by value, up to ``LONGEST`` characters (a long text, an
-    output say, is printed each time and never kept). A hit is one C dict lookup; the memo starts
-    over once it holds ``KEPT`` texts."""
-
-    KEPT = 4096
-    LONGEST = 128
-
-    def __missing__(self, value: str) -> str:
-        text = _encode_string(value)
-        if len(value) <= self.LONGEST:
-            if len(self) >= self.KEPT:
-                self.clear()
-            self[value] = text
-        return text
-
-
-_encode_string: Callable[[str], str] = json.encoder.encode_basestring
-#: ``_FloatTexts``: index it with an exact float only (``json_number`` checks).
-FLOAT_TEXTS = _FloatTexts()
-#: ``_StringTexts``: index it with an exact ``str`` only (``json_string`` checks).
-STRING_TEXTS = _StringTexts()
-
-
-def json_number(value: float) -> str:
-    """The JSON text of a float (a time), as ``canonical_json`` prints it, remembered
-    (``FLOAT_TEXTS``); anything but an exact float (an int a test clock gives, a float subclass)
-    goes through ``canonical_json``."""
+    its seal). Equal finite nonzero floats have one text, so it is kept by value. Anything else
+    (an int a test clock gives, a float subclass, NaN, the infinities, zero) goes through
+    ``canonical_json`` as before."""
     if type(value) is float:
-        return FLOAT_TEXTS[value]
+        text = _NUMBERS.get(value)
+        if text is not None:
+            return text
+        if value and math.isfinite(value):
+            if len(_NUMBERS) >= _NUMBERS_KEPT:
+                _NUMBERS.clear()
+            text = _NUMBERS[value] = float.__repr__(value)
+            return text
     return canonical_json(value)
-
-
-def json_string(value: str) -> str:
-    """The JSON text of a string, as ``canonical_json`` prints it, remembered when short
-    (``STRING_TEXTS``); a ``str`` subclass is printed each time."""
-    if type(value) is str:
-        return STRING_TEXTS[value]
-    return _encode_string(value)
-
-
-def json_list(values: Sequence[Any], other: Callable[[Any], str] | None = None) -> str:
-    """``canonical_json(list(values))``, the same text, printed item by item: each exact ``str``
-    and float by its remembered text (``STRING_TEXTS``, ``FLOAT_TEXTS``), ``None`` as ``null``,
-    an exact ``int`` by ``int.__repr__`` (as the encoder prints them inside a list), and any
-    other item by ``other`` (``canonical_json`` by default; a print without sorted keys for a
-    row's values). For the short lists of ids and times a hash covers, where the encoder's own
-    set-up and its prints of the same ids and times again and again cost most of the time."""
-    strings = STRING_TEXTS
-    numbers = FLOAT_TEXTS
-    whole = int.__repr__
-    rest = canonical_json if other is None else other
-    return (
-        "["
-        + ",".join(
-            [
-                strings[v]
-                if type(v) is str
-                else "null"
-                if v is None
-                else numbers[v]
-                if type(v) is float
-                else whole(v)
-                if type(v) is int
-                else rest(v)
-                for v in values
-            ]
-        )
-        + "]"
-    )
 
 
 def dumps(value: Any) -> str:

@@ -113,7 +113,7 @@ def event_hash_of_text(
     """``event_hash`` with the detail already printed canonically (as the audit row stores it):
     the write path prints it once for both. The body is the canonical JSON of the list, built
     from its items' canonical prints (a list prints as its items joined, without spaces)."""
-    head = digests.json_list([run_id, step_id, effect_id, kind, actor])
+    head = digests.canonical_json([run_id, step_id, effect_id, kind, actor])
     body = f"{head[:-1]},{detail_json},{digests.json_number(at)}]"
     return _hash(key, f"{prev_hash}\n{body}")
 

@@ -107,21 +107,41 @@ def values_digest(table: str, values: list[Any]) -> str:
 
 def _print_values(values: list[Any], floats: tuple[int, ...]) -> str:
     """``_plain(values)``, the same text; a row with a float in one of its ``floats`` positions
-    printed value by value (``digests.json_list``), its strings and floats remembered.
+    printed value by value, its floats by ``digests.json_number``.
 
     A float's print is the dearest part of a row's (~8,000 instructions of a row's ~50,000, and
     a row has two or three), and the times a batch prints repeat (its ``now``, the times of the
-    rows it rewrites), and so do its ids: both are remembered. Each value is printed as the
-    encoder prints it inside a list: a ``str`` by the encoder's own ``encode_basestring``, a float
-    by ``float.__repr__``, ``None`` as ``null``, an exact ``int`` by ``int.__repr__``, and
-    anything else by the encoder itself."""
+    rows it rewrites): ``json_number`` remembers them. Each other value is printed as the encoder
+    prints it inside a list: a ``str`` by the encoder's own ``encode_basestring``, ``None`` as
+    ``null``, an exact ``int`` by ``int.__repr__``, and anything else by the encoder itself."""
     end = len(values)
     for i in floats:
         if i < end and type(values[i]) is float:
             break
     else:
         return _plain(values)
-    return digests.json_list(values, _plain)
+    text = digests.json_string
+    number = digests.json_number
+    whole = int.__repr__
+    plain = _plain
+    return (
+        "["
+        + ",".join(
+            [
+                text(v)
+                if type(v) is str
+                else "null"
+                if v is None
+                else number(v)
+                if type(v) is float
+                else whole(v)
+                if type(v) is int
+                else plain(v)
+                for v in values
+            ]
+        )
+        + "]"
+    )
 
 
 def _without_late(values: list[Any], count: int) -> list[Any]:
@@ -175,10 +195,7 @@ _RUN_FIXED_DROP = frozenset(RUN_STATE) | _VOLATILE["runs"]
 def run_state_digest(state: Mapping[str, Any]) -> str:
     """The digest of a run's changing fields, given with its JSON fields as canonical JSON text
     (how SQLite stores them): cheap enough for every write."""
-    # ``["runs", [...]]`` printed as canonical JSON, the inner list item by item (its ids,
-    # statuses and JSON texts remembered or printed as the encoder prints them).
-    inner = digests.json_list([state[f] for f in RUN_STATE])
-    return digests.sha256_hex(f'["runs",{inner}]')[:32]
+    return digests.sha256_hex(digests.canonical_json(["runs", [state[f] for f in RUN_STATE]]))[:32]
 
 
 def run_state_of(run: Any, changes: Mapping[str, Any] | None = None) -> dict[str, Any]:
