@@ -36,7 +36,6 @@ from __future__ import annotations
 import contextlib
 import enum
 import functools
-import json
 import re
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -50,7 +49,7 @@ import psycopg_pool
 from psycopg import conninfo as pg_conninfo
 from psycopg.rows import TupleRow, dict_row
 
-from effectflow import errors
+from effectflow import digests, errors
 from effectflow.ledger import audit as audit_chain
 from effectflow.ledger import queries, records, rowmap, upgrades
 from effectflow.ledger.edge import ToolRaised, driver_cause, driver_errors
@@ -157,32 +156,10 @@ def apply_function() -> str:
     return _MARK_RE.sub(lambda m: _from_json(m["name"], m["param"]), template)
 
 
-def _printer() -> Callable[[Any], str]:
-    """The JSON printer of the function's arguments: compact, UTF-8 kept as is, one C encoder
-    made once (``JSONEncoder.encode`` makes a new one, a float printer and a markers dict every
-    call: more than printing a batch's few rows costs). Without the C speedups, ``json``'s own.
-    NaN prints as ``NaN``, which the server refuses: the batch then goes statement by statement
-    and is refused there as it always was."""
-    make = getattr(json.encoder, "c_make_encoder", None)
-    if make is None:
-        return json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
-    encode = make(
-        None,  # markers: the values are the batch's own rows, never circular
-        json.JSONEncoder().default,
-        json.encoder.encode_basestring,
-        None,
-        ":",
-        ",",
-        False,  # sort_keys
-        False,  # skipkeys
-        True,  # allow_nan
-    )
-    join = "".join
-    return lambda value: join(encode(value, 0))
-
-
-#: The JSON the function's arguments are printed in.
-_json = _printer()
+#: The JSON the function's arguments are printed in: compact, UTF-8 kept as is, one C encoder made
+#: once. NaN prints as ``NaN``, which the server refuses: the batch then goes statement by
+#: statement and is refused there as it always was.
+_json = digests.json_printer(sort_keys=False)
 
 
 def _objects(columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> str | None:
