@@ -418,6 +418,27 @@ def test_resume_skips_confirmed_steps_and_returns_their_recorded_output(url: str
     assert w.drafts == 1
 
 
+def test_a_fault_plan_assigned_to_a_runtime_applies_to_the_runs_it_starts_next(
+    url: str, w: World
+) -> None:
+    """``rt.faults = plan`` after the runtime is made is the plan its next run hits (it once was
+    kept on the runtime only, and the runs went on without it: a crash test that crashed nothing).
+    Assigning None restores the no-op plan."""
+    with ef.Runtime(url) as rt:
+        rt.faults = FaultPlan(
+            [Fault(FaultPoint.AFTER_INTENT, "send_case_email", 1, FaultAction.RAISE)]
+        )
+        with pytest.raises(InjectedCrash):
+            start_case(rt)
+        assert w.mail.messages() == []
+        assert step_of(rt, "case-92", "send_case_email").status is ef.StepStatus.INTENT_RECORDED
+        rt.faults = None
+        run = rt.resume("case-92")
+
+    assert run.status is ef.RunStatus.SUCCEEDED
+    assert len(w.mail.messages()) == 1
+
+
 def test_pure_results_are_replayed_not_recomputed(url: str, w: World) -> None:
     """A pure step's recorded result is replayed on resume, so later requests keep their digests."""
     crash = FaultPlan([Fault(FaultPoint.AFTER_INTENT, "send_case_email", 1, FaultAction.RAISE)])

@@ -9,6 +9,7 @@ get the runtime's ``port.Port`` (its ledger, registry, clock, faults and writer)
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import threading
 import time
@@ -62,8 +63,6 @@ class Runtime:
         self.store.bound_waits(ledger_retry)
         #: The tenant every run and key of this runtime belongs to.
         self.tenant = tenant
-        #: Fault points (tests); no-op by default.
-        self.faults = faults or NO_FAULTS
         #: The clock (epoch seconds); injectable for tests of retention and deadlines.
         self.clock = clock
         #: How long a lease lasts without a write or a heartbeat renewing it: how long a run whose
@@ -95,7 +94,7 @@ class Runtime:
             store=self.store,
             registry=self.registry,
             clock=clock,
-            faults=self.faults,
+            faults=faults or NO_FAULTS,
             lease_ttl=lease_ttl,
             writer=writer,
             tenant=tenant,
@@ -104,6 +103,19 @@ class Runtime:
         )
         self._executor = Executor(self._port, self.leases)
         telemetry.watch(self)  # effects in doubt, waiting for a person: read when collected
+
+    @property
+    def faults(self) -> FaultPlan:
+        """Fault points (tests); a no-op plan by default."""
+        return self._port.faults
+
+    @faults.setter
+    def faults(self, plan: FaultPlan | None) -> None:
+        # The plan lives in the port the executor and every run's context read, so assigning it
+        # here must reach them: runs started or recovered afterwards use the new plan, runs in
+        # flight keep the port they started with.
+        self._port = dataclasses.replace(self._port, faults=plan or NO_FAULTS)
+        self._executor = Executor(self._port, self.leases)
 
     @property
     def draining(self) -> bool:
