@@ -108,9 +108,9 @@ def test_default_is_full(backend: Backend) -> None:
 # -- SQLite: the synchronous mode of each transaction --------------------------------------------
 
 
-def _traced_sqlite(url: str, tmp_path: Path, workload: str = "write") -> list[str]:
-    """The statements one run of ten external writes (or ``workload``'s) sends to SQLite, with
-    ``CALL`` where the provider is called."""
+def _traced_sqlite(url: str, tmp_path: Path, workload: str = "write", runs: int = 1) -> list[str]:
+    """The statements one run of ten external writes (or ``runs`` of ``workload``'s) sends to
+    SQLite, with ``CALL`` where the provider is called."""
     statements: list[str] = []
 
     class Recorded(bench.Provider):
@@ -124,7 +124,7 @@ def _traced_sqlite(url: str, tmp_path: Path, workload: str = "write") -> list[st
         store = workloads.rt.store
         assert isinstance(store, sqlite_backend.SQLiteStore)
         store._conn.set_trace_callback(statements.append)
-        workloads.run(workload, 1, "trace")
+        workloads.run(workload, runs, "trace")
         store._conn.set_trace_callback(None)
     finally:
         workloads.close()
@@ -169,6 +169,55 @@ def test_sqlite_a_pure_run_is_flushed_once(tmp_path: Path) -> None:
     """A run of pure steps commits its start and its end; only the end waits for the disk."""
     statements = _traced_sqlite(f"sqlite:///{tmp_path / 'pure.db'}", tmp_path, "sequential")
     assert _sync_of_each_commit(statements) == ["NORMAL", "FULL"]
+
+
+def _transactions(statements: list[str]) -> list[tuple[str, list[str]]]:
+    """Each transaction's synchronous mode at its COMMIT and its statements (a ``CALL`` between
+    transactions is its own entry, mode ``CALL``)."""
+    mode, found, current = "FULL", [], []
+    for sql in statements:
+        text = sql.strip()
+        if text.upper().startswith("PRAGMA SYNCHRONOUS="):
+            mode = text.split("=", 1)[1].strip().upper()
+        elif text.upper() == "COMMIT":
+            found.append((mode, current))
+            current = []
+        elif text == "CALL":
+            found.append(("CALL", []))
+        elif not text.upper().startswith("BEGIN"):
+            current.append(text)
+    return found
+
+
+def test_sqlite_start_async_rides_too_alone_and_grouped(tmp_path: Path) -> None:
+    """``start_async``'s first commit rides like ``rt.start``'s, alone or grouped with other
+    runs' starts (8 at a time on one loop); no call is made before a FULL commit after it, and
+    every transaction that records an intent is flushed."""
+    statements = _traced_sqlite(f"sqlite:///{tmp_path / 'async.db'}", tmp_path, "write_async")
+    txns = _transactions(statements)
+    starts = [mode for mode, sqls in txns if any("INSERT INTO runs" in q for q in sqls)]
+    assert starts == ["NORMAL"]
+    committed = [mode for mode, _ in txns if mode != "CALL"]
+    assert committed == ["NORMAL"] + ["FULL"] * 21
+
+    statements = _traced_sqlite(f"sqlite:///{tmp_path / 'grouped.db'}", tmp_path, "write_async", 8)
+    txns = _transactions(statements)
+    with_starts = [
+        (mode, sqls) for mode, sqls in txns if any("INSERT INTO runs" in q for q in sqls)
+    ]
+    assert sum(q.count("INSERT INTO runs") for _, sqls in with_starts for q in sqls) == 8
+    assert any(len([q for q in sqls if "INSERT INTO runs" in q]) > 1 for _, sqls in with_starts)
+    assert [mode for mode, _ in with_starts] == ["NORMAL"] * len(with_starts)
+    for mode, sqls in txns:
+        starts_only = any("INSERT INTO runs" in q for q in sqls) and not any(
+            "INSERT INTO effects" in q for q in sqls
+        )
+        if mode != "CALL" and not starts_only:
+            assert mode == "FULL", sqls[:3]
+    # Before the first call, the WAL was flushed after every start.
+    first_call = next(i for i, (mode, _) in enumerate(txns) if mode == "CALL")
+    last_start = max(i for i, (mode, sqls) in enumerate(txns[:first_call]) if mode == "NORMAL")
+    assert any(mode == "FULL" for mode, _ in txns[last_start + 1 : first_call])
 
 
 def test_sqlite_a_run_created_for_workers_is_flushed(tmp_path: Path) -> None:

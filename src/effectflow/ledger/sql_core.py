@@ -166,7 +166,13 @@ class SQLCore(abc.ABC):
             # Stable: batches of one run keep their order.
             order.sort(key=lambda i: batches[i].run_id)
         seals: list[list[Any]] = []
-        with self._batch_txn(deferrable=all(b.deferrable for b in batches)) as conn:
+        # A group of runs' starts (``start_async``) rides like one start; a start grouped with
+        # other batches is flushed with them, or deferred with them when all of those may be.
+        if all(b.rides for b in batches):
+            txn = self._riding_txn()
+        else:
+            txn = self._batch_txn(deferrable=all(b.deferrable or b.rides for b in batches))
+        with txn as conn:
             for i in order:
                 self._savepoint(conn)
                 try:

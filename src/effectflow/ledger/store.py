@@ -82,13 +82,16 @@ class Batch:
     #: A call's outcome: on a ledger opened with ``durability=intents`` it commits without an
     #: fsync of its own, surviving a process crash at once and power loss with the ledger's next
     #: fsynced commit (see ``DURABILITY``). Intents, run ends and people's actions are never
-    #: deferrable (a run's start in ``rt.start`` ``rides``, whatever the durability).
+    #: deferrable (a run's start in ``rt.start`` or ``start_async`` ``rides``, whatever the
+    #: durability).
     deferrable: bool = False
     #: Commits without a flush of its own, whatever the durability: a run's first commit in the
-    #: process that then executes it (``rt.start``). Nothing of the run is sent or answered
-    #: before its next commit that is flushed (an intent, a pause, the run's end), and that flush
-    #: carries this one to the disk with it (the ledger's log is one sequence). A power cut before
-    #: it loses a run that nobody was told of and that had called nothing.
+    #: process that then executes it (``rt.start``, ``start_async``; a group of such starts
+    #: rides too, a start grouped with other batches is flushed with them). Nothing of the run is
+    #: sent or answered before its next commit that is flushed (an intent, a pause, the run's
+    #: end), and that flush carries this one to the disk with it (the ledger's log is one
+    #: sequence). A power cut before it loses a run that nobody was told of and that had called
+    #: nothing.
     rides: bool = False
 
     def step(self, step: records.StepRecord) -> None:
@@ -427,7 +430,8 @@ class LedgerStore(Protocol):
 #: The ``durability`` URL option of both backends: which commits wait for the disk.
 DURABILITY = {
     # Every commit is flushed to disk before it returns: everything recorded survives power loss
-    # (a run's start in ``rt.start`` rides the run's next flushed commit: ``Batch.rides``).
+    # (a run's start in ``rt.start`` or ``start_async`` rides the run's next flushed commit:
+    # ``Batch.rides``).
     "full": "every commit survives power loss",
     # Intents (and run ends, people's actions) are flushed before they return, so
     # nothing is ever sent without a record that survives power loss. A call's outcome is written

@@ -48,6 +48,7 @@ async def create_async(
     run, batch = _new_run(port, workflow, run_id, input, leased=True)
     if batch is None:
         return run, False
+    batch.rides = True  # executed here at once, as ``create``'s leased runs: see there
     try:
         await port.writer.apply_async(batch, run.created_at)
     except Exception as exc:
