@@ -31,6 +31,11 @@ def pytest_report_header() -> str:
     return f"PostgreSQL: {ledgers.PG} ({required})"
 
 
+def pytest_sessionfinish() -> None:
+    """Drop the PostgreSQL databases this process still holds (``ledgers.SPARES``)."""
+    ledgers.SPARES.finish()
+
+
 @pytest.fixture(params=ledgers.BACKENDS)
 def any_ledger(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     """The URL of a fresh ledger on each backend (see ``ledgers.fresh``)."""
