@@ -129,8 +129,8 @@ def test_a_stale_lease_token_writes_nothing(
         zombie, head, composed, shard, pg._shard_heads[shard], lease_ttl=TTL, now=T0 + 3
     )
     with pg._pool.connection() as conn:
-        answer = conn.execute(postgres.SQL["apply_batch"], params).fetchone()
-    assert answer == ({"refused": "lease_lost"},)
+        answer = postgres.call_apply(conn, params)
+    assert answer == {"refused": "lease_lost"}
     assert snapshot(pg, "r1") == before
     with pytest.raises(errors.LeaseLost):
         pg.apply(zombie, lease_ttl=TTL, now=T0 + 3)
@@ -248,4 +248,22 @@ def test_a_forgotten_head_costs_a_round_trip_not_a_write(
     pg.apply(outcome_batch(token, "warm"), lease_ttl=TTL, now=T0 + 3)
     assert pg.trips["moved"] == moved + 1
     assert {s.step_id: s.status for s in pg.steps("r1")}["warm"] is StepStatus.CONFIRMED
+    assert pg.verify_audit() == []
+
+
+def test_a_session_whose_prepared_statements_went_prepares_the_function_s_again(
+    pg: postgres.PostgresStore,
+) -> None:
+    """psycopg deallocates a session's prepared statements after a ROLLBACK once it prepared its
+    own there: the next batch finds the function's statement missing, prepares it again, and is
+    still one trip that writes once."""
+    token = started(pg)
+    with pg._pool.connection() as conn:
+        conn.execute("DEALLOCATE ALL")
+    one_trip = pg.trips["one_trip"]
+    pg.apply(outcome_batch(token, "warm"), lease_ttl=TTL, now=T0 + 3)
+    assert pg.trips["one_trip"] == one_trip + 1
+    assert pg.one_trip is True
+    assert {s.step_id: s.status for s in pg.steps("r1")}["warm"] is StepStatus.CONFIRMED
+    assert [e.kind for e in pg.audit("r1")].count("succeeded") == 1
     assert pg.verify_audit() == []

@@ -36,6 +36,7 @@ from __future__ import annotations
 import contextlib
 import enum
 import functools
+import json
 import re
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -47,6 +48,8 @@ from urllib.parse import parse_qsl, urlparse, urlunparse
 import psycopg
 import psycopg_pool
 from psycopg import conninfo as pg_conninfo
+from psycopg import generators, pq
+from psycopg.abc import PQGen
 from psycopg.rows import TupleRow, dict_row
 
 from effectflow import digests, errors
@@ -154,6 +157,74 @@ def apply_function() -> str:
     text = resources.files("effectflow.ledger").joinpath("queries", "postgres_apply.sql")
     template = text.read_text("utf-8")
     return _MARK_RE.sub(lambda m: _from_json(m["name"], m["param"]), template)
+
+
+#: The name each pooled connection prepares ``apply_batch`` under (``PostgresStore._configure``).
+APPLY_STATEMENT = b"effectflow_apply"
+#: The SQLSTATE of a prepared statement the session does not have (``invalid_sql_statement_name``).
+_NO_SUCH_STATEMENT = b"26000"
+
+
+def _wire(params: Sequence[Any]) -> list[bytes | None]:
+    """The function's arguments as libpq's text parameters (the server casts each to the type
+    of its argument, as it would a literal)."""
+    return [
+        None
+        if value is None
+        else value.encode()
+        if isinstance(value, str)
+        else (b"t" if value else b"f")
+        if isinstance(value, bool)
+        else str(value).encode()
+        for value in params
+    ]
+
+
+def prepare_apply(conn: Connection) -> None:
+    """Prepare ``apply_batch`` on ``conn`` as ``APPLY_STATEMENT``."""
+    prepared = conn.wait(_prepare(conn.pgconn))
+    if prepared.status != pq.ExecStatus.COMMAND_OK:
+        raise psycopg.errors.error_from_result(prepared, encoding=conn.info.encoding)
+
+
+def _prepare(pgconn: pq.abc.PGconn) -> PQGen[pq.abc.PGresult]:
+    pgconn.send_prepare(APPLY_STATEMENT, SQL["apply_batch"].encode())
+    results: list[pq.abc.PGresult] = yield from generators.execute(pgconn)
+    return results[-1]
+
+
+def call_apply(conn: Connection, params: Sequence[Any]) -> Any:
+    """Execute the connection's prepared ``apply_batch`` with ``params``: the function's answer,
+    read as JSON (None: written and committed).
+
+    A batch is sent straight through libpq (the statement's name and its arguments' bytes), not
+    through a cursor: a cursor converts the query, looks up a dumper for every argument and a
+    loader for the answer each time, which cost more client CPU than the rest of the call. The
+    wait is psycopg's own (``Connection.wait``): Ctrl-C cancels the statement on the server, and
+    a connection that breaks raises ``OperationalError`` as any statement's would.
+
+    psycopg deallocates every prepared statement of a session after a ``ROLLBACK`` (or a
+    ``DROP``) once it has prepared statements of its own there: a statement found missing is
+    prepared again and the batch sent again (the first try wrote nothing: it never ran).
+    """
+    wire = _wire(params)
+    result = conn.wait(_execute(conn.pgconn, wire))
+    if (
+        result.status == pq.ExecStatus.FATAL_ERROR
+        and result.error_field(pq.DiagnosticField.SQLSTATE) == _NO_SUCH_STATEMENT
+    ):
+        prepare_apply(conn)
+        result = conn.wait(_execute(conn.pgconn, wire))
+    if result.status != pq.ExecStatus.TUPLES_OK:
+        raise psycopg.errors.error_from_result(result, encoding=conn.info.encoding)
+    value = result.get_value(0, 0)
+    return None if value is None else json.loads(value)
+
+
+def _execute(pgconn: pq.abc.PGconn, wire: list[bytes | None]) -> PQGen[pq.abc.PGresult]:
+    pgconn.send_query_prepared(APPLY_STATEMENT, wire)
+    results: list[pq.abc.PGresult] = yield from generators.execute(pgconn)
+    return results[-1]
 
 
 #: The JSON the function's arguments are printed in: compact, UTF-8 kept as is, one C encoder made
@@ -336,6 +407,7 @@ class PostgresStore(SQLCore, SQLReads):
             return
         try:
             conn.execute(apply_function())
+            prepare_apply(conn)
         except psycopg.Error as exc:
             if not _answered(exc):
                 raise
@@ -451,43 +523,63 @@ class PostgresStore(SQLCore, SQLReads):
         shard = audit_chain.shard_of(run_id)
         head = self._new_head(batch) if batch.new_run is not None else self._heads.get(run_id)
         shard_head = self._shard_heads.get(shard)
+        with self._edge():
+            # The pool's own checkout, without ``connection()``'s ``with conn`` (whose COMMIT of
+            # an autocommit connection is a no-op that still costs a wait): an error leaves the
+            # connection idle or broken, and ``putconn`` drops a broken one.
+            conn = self._pool.getconn()
+            try:
+                return self._one_trip_on(conn, batch, head, shard, shard_head, lease_ttl, now)
+            finally:
+                self._pool.putconn(conn)
+
+    def _one_trip_on(
+        self,
+        conn: Connection,
+        batch: Batch,
+        head: dict[str, Any] | None,
+        shard: int,
+        shard_head: tuple[int, str] | None,
+        lease_ttl: float,
+        now: float,
+    ) -> tuple[dict[str, Any] | None] | None:
+        """``_apply_one_trip`` on a connection of the pool's."""
+        run_id = batch.run_id
         composed: Composed | None = None
         composed_on: dict[str, Any] | None = None
-        with self._edge(), self._pool.connection() as conn:
-            for _ in range(_ONE_TRIP_TRIES):
-                if head is not None and head != composed_on:
-                    composed, composed_on = self._compose(batch, head, now=now), head
-                params, shard_after = self._one_trip_params(
-                    batch, head, composed, shard, shard_head, lease_ttl=lease_ttl, now=now
-                )
-                try:
-                    # One statement in its own transaction (the connection is in autocommit): it
-                    # commits when the function returns, and writes nothing if it raises.
-                    row = conn.execute(SQL["apply_batch"], params).fetchone()
-                except psycopg.Error as exc:
-                    if not _answered(exc):
-                        raise  # the connection went away: as a COMMIT that got no answer
-                    if isinstance(exc, psycopg.errors.UndefinedFunction):
-                        # The session lost its function (a pooler in front of the server hands
-                        # sessions around): no more one-trip batches from this store.
-                        self.one_trip = False
-                    return None
-                answer = row[0] if row else None
-                if answer is None and head is not None and composed is not None:
-                    self.trips["one_trip"] += 1
-                    self._remember(run_id, head, composed, shard, shard_after)
-                    return (composed.control,)
-                if answer is None or "moved" not in answer:
-                    return None  # refused (the lease, the run's id): the statements say so
-                self.trips["moved"] += 1
-                if answer["moved"] is None and batch.new_run is None:
-                    return None  # no such run: the statements say so (RunNotFound)
-                if answer["moved"] is not None:
-                    head = answer["moved"]  # (a new run keeps the head its insert gives it)
-                found = answer["shard"]
-                shard_head = None if found is None else (int(found[0]), str(found[1]))
-                if shard_head is None or shard_head[0] == 0:
-                    return None  # the shard's first seal also moves the index row
+        for _ in range(_ONE_TRIP_TRIES):
+            if head is not None and head != composed_on:
+                composed, composed_on = self._compose(batch, head, now=now), head
+            params, shard_after = self._one_trip_params(
+                batch, head, composed, shard, shard_head, lease_ttl=lease_ttl, now=now
+            )
+            try:
+                # One statement in its own transaction (the connection is in autocommit): it
+                # commits when the function returns, and writes nothing if it raises.
+                answer = call_apply(conn, params)
+            except psycopg.Error as exc:
+                if not _answered(exc):
+                    raise  # the connection went away: as a COMMIT that got no answer
+                if isinstance(exc, psycopg.errors.UndefinedFunction):
+                    # The session lost its function (a pooler in front of the server hands
+                    # sessions around): no more one-trip batches from this store.
+                    self.one_trip = False
+                return None
+            if answer is None and head is not None and composed is not None:
+                self.trips["one_trip"] += 1
+                self._remember(run_id, head, composed, shard, shard_after)
+                return (composed.control,)
+            if answer is None or "moved" not in answer:
+                return None  # refused (the lease, the run's id): the statements say so
+            self.trips["moved"] += 1
+            if answer["moved"] is None and batch.new_run is None:
+                return None  # no such run: the statements say so (RunNotFound)
+            if answer["moved"] is not None:
+                head = answer["moved"]  # (a new run keeps the head its insert gives it)
+            found = answer["shard"]
+            shard_head = None if found is None else (int(found[0]), str(found[1]))
+            if shard_head is None or shard_head[0] == 0:
+                return None  # the shard's first seal also moves the index row
         return None
 
     def _new_head(self, batch: Batch) -> dict[str, Any]:

@@ -219,8 +219,11 @@ WHERE run_id = %s AND status IN ('running', 'cancelling') AND lease_owner IS NUL
 -- A whole batch in one statement, its own transaction: the function each pooled connection
 -- creates (queries/postgres_apply.sql; its arguments are PostgresStore._one_trip_params'). NULL:
 -- written and committed; else what it found instead of the head the batch was composed on, or
--- why it refused (nothing written).
-SELECT pg_temp.effectflow_apply(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s);
+-- why it refused (nothing written). Each pooled connection prepares it once, under its own name
+-- (postgres.APPLY_STATEMENT), with libpq's $n placeholders: a batch sends the name and its
+-- arguments' text, and neither psycopg nor the server reads the statement again.
+SELECT pg_temp.effectflow_apply($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15,
+                                $16, $17);
 
 -- name: async_commit (postgres only)
 -- A deferrable batch under durability=intents: PostgreSQL's WAL is one sequence, so the next
