@@ -6,10 +6,13 @@ database: each sample creates a database of its own and drops it after). Each sa
 process running one system's write workflow (10 steps that append a line to a file, the peer
 comparison's workload, ``effectflow.bench.Workloads`` / ``benchmarks/compare/peer_dbos.py``'s
 shape) for ``--runs`` workflows after a warm-up, and reports steps/s and the process's CPU time a
-step (user + system, ``time.process_time``: the client's CPU, not the server's). Then, for
+step (user + system, ``time.process_time``: the client's CPU), and the server's CPU a step (the
+CPU time ``/proc/<pid>/stat`` gives for the server backends of the sample's database, when the
+server runs on this machine; none otherwise). Then, for
 effectflow, a short counted pass (its own warm database) reports a step's statements, pipeline
 syncs (the round trips that wait for the server: psycopg's ``Pipeline._enqueue_sync`` plus the
-statements run outside a pipeline) and psycopg ``wait`` calls.
+statements run outside a pipeline, a one-trip batch sent through libpq one of each) and psycopg
+``wait`` calls.
 
 Samples alternate (ABBA), so drift on a shared machine hits every system alike; printed are the
 medians, and each system's paired ratio against the first. Run::
@@ -118,6 +121,19 @@ class Counts:
             counts.statements += len(rows)
             return saved[3](cur, query, rows, **kwargs)
 
+        # A one-trip batch sent through libpq, not a cursor (trees that have it).
+        from effectflow.ledger import postgres
+
+        call_apply = getattr(postgres, "call_apply", None)
+
+        def counted_apply(conn: Any, params: Any) -> Any:
+            counts.statements += 1
+            counts.syncs += 1
+            assert call_apply is not None
+            return call_apply(conn, params)
+
+        if call_apply is not None:
+            postgres.call_apply = counted_apply
         base._enqueue_sync = enqueue_sync  # type: ignore[method-assign]
         psycopg.Connection.wait = wait  # type: ignore[method-assign]
         psycopg.Cursor.execute = execute  # type: ignore[method-assign,assignment]
@@ -125,12 +141,46 @@ class Counts:
         try:
             yield
         finally:
+            if call_apply is not None:
+                postgres.call_apply = call_apply
             (
                 base._enqueue_sync,  # type: ignore[method-assign]
                 psycopg.Connection.wait,  # type: ignore[method-assign]
                 psycopg.Cursor.execute,  # type: ignore[method-assign]
                 psycopg.Cursor.executemany,  # type: ignore[method-assign]
             ) = saved
+
+
+def _backends_cpu(url: str) -> dict[int, int]:
+    """CPU clock ticks (user + system) of each server backend of ``url``'s database but the one
+    that asks, from ``/proc`` (empty when the server is not on this machine)."""
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        pids = [
+            row[0]
+            for row in conn.execute(
+                "SELECT pid FROM pg_stat_activity "
+                "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            )
+        ]
+    ticks: dict[int, int] = {}
+    for pid in pids:
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()
+        ticks[pid] = int(fields[11]) + int(fields[12])  # utime, stime
+    return ticks
+
+
+def _server_us(before: dict[int, int], after: dict[int, int], steps: int) -> float | None:
+    """The backends' CPU between two ``_backends_cpu`` readings, in µs a step."""
+    if not after:
+        return None
+    ticks = sum(t - before.get(pid, 0) for pid, t in after.items())
+    return ticks / os.sysconf("SC_CLK_TCK") / steps * 1e6
 
 
 def _effectflow(
@@ -146,13 +196,21 @@ def _effectflow(
         if profile:
             prof = cProfile.Profile(time.process_time)  # CPU, not wall time
             prof.enable()
+        server = _backends_cpu(url)
+        trips = dict(getattr(workloads.rt.store, "trips", {}))
         wall, cpu = _timed(lambda: workloads.run(workload, runs, "timed"))
+        server_us = _server_us(server, _backends_cpu(url), runs * STEPS)
+        after = getattr(workloads.rt.store, "trips", {})
         if profile:
             prof.disable()
             stats = pstats.Stats(prof, stream=sys.stderr).sort_stats("cumulative")
             stats.print_stats(45)
             stats.sort_stats("tottime").print_stats(30)
         out.update(steps_s=runs * STEPS / wall, cpu_us=cpu / (runs * STEPS) * 1e6)
+        if server_us is not None:
+            out["server_us"] = server_us
+        # How the store's batches went (PostgreSQL's one-trip counts), a step.
+        out.update({k: (v - trips.get(k, 0)) / (runs * STEPS) for k, v in after.items()})
         counts = Counts()
         counted = 20
         with counts.patched():
@@ -319,10 +377,11 @@ def main(argv: list[str]) -> int:
                 print(f"[{rep + 1}/{args.repeats}] {name}: {found}", file=sys.stderr)
     first = next(iter(systems))
     print(
-        f"| system | steps/s | CPU µs/step | statements/step | syncs/step | waits/step "
+        f"| system | steps/s | CPU µs/step | server CPU µs/step | statements/step | syncs/step "
+        f"| waits/step "
         f"| max RSS KiB | steps/s / {first} (paired) | CPU / {first} (paired) | load1 |"
     )
-    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
     for name, found in samples.items():
         ratio = [s["steps_s"] / f["steps_s"] for s, f in zip(found, samples[first], strict=True)]
         cpu = [s["cpu_us"] / f["cpu_us"] for s, f in zip(found, samples[first], strict=True)]
@@ -333,7 +392,8 @@ def main(argv: list[str]) -> int:
             return f"{statistics.median(values):.1f}" if values else "—"
 
         print(
-            f"| {name} | {med('steps_s')} | {med('cpu_us')} | {med('statements')} "
+            f"| {name} | {med('steps_s')} | {med('cpu_us')} | {med('server_us')} "
+            f"| {med('statements')} "
             f"| {med('syncs')} | {med('waits')} | {med('maxrss_kb')} "
             f"| {statistics.median(ratio):.3f} "
             f"| {statistics.median(cpu):.3f} | {min(loads):.2f}–{max(loads):.2f} |"
