@@ -23,12 +23,18 @@ from effectflow.runtime.port import Port
 def drive(port: Port, state: state_mod.RunState, gen: machine_io.Machine) -> Any:
     """Run a step machine to its value, doing its requests with blocking I/O."""
     answer: Any = None
-    while True:
-        try:
-            request = gen.send(answer)
-        except StopIteration as stop:
-            return stop.value
-        answer = _answer(port, state, request)
+    try:
+        while True:
+            try:
+                request = gen.send(answer)
+            except StopIteration as stop:
+                return stop.value
+            answer = _answer(port, state, request)
+    except BaseException:
+        # The thread leaves with an error (a crash right after a commit, a refused batch): no
+        # turn of group commit waits for its next commit.
+        port.writer.away()
+        raise
 
 
 async def drive_async(port: Port, state: state_mod.RunState, gen: machine_io.Machine) -> Any:

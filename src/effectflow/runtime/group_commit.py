@@ -22,8 +22,9 @@ wait: ``away``), and the next transaction starts once every writer woken is back
 its statements run while the others are parked, and it carries every run in flight (about 6 of
 8), so fewer fsyncs are paid. A writer that does not come back within ``stall`` seconds (its
 workflow's own code went elsewhere) holds nobody up longer than that: the others are woken and
-the queue is written without it. Each batch is still durable before its writer goes on: a writer
-is woken only once the transaction carrying its batch has committed.
+the queue is written without it; one whose batch was refused or failed, or that leaves the step
+machine with an exception, holds no turn at all. Each batch is still durable before its writer
+goes on: a writer is woken only once the transaction carrying its batch has committed.
 """
 
 from __future__ import annotations
@@ -53,6 +54,13 @@ def _ends_run(batch: Batch) -> bool:
     ends its run, or pauses it."""
     status = batch.run_changes.get("status")
     return status is not None and status not in (RunStatus.RUNNING, RunStatus.CANCELLING)
+
+
+def _leaves(waiter: _Waiter) -> bool:
+    """Whether the writer goes elsewhere once its batch's transaction is over, so that no turn
+    waits for its next commit: its batch ends or pauses its run, or was refused or failed (its
+    thread leaves with the error, or pauses before writing again: ``outage``)."""
+    return waiter.error is not None or _ends_run(waiter.batch)
 
 
 class _Gate:
@@ -146,12 +154,33 @@ class GroupCommitter:
             lead = self._leaders < self.max_parallel
             if lead:
                 self._leaders += 1
-        if not lead:
-            self._wait(me)
-            if not me.lead:
-                return self._result(me)
-        self._lead(me)
+        try:
+            if not lead:
+                self._wait(me)
+            if lead or me.lead:
+                self._lead(me)
+        except BaseException:  # interrupted (a signal's handler raised): nobody waits for it
+            self._abandon(me)
+            raise
         return self._result(me)
+
+    def _abandon(self, me: _Waiter) -> None:
+        """The writer of ``me`` stopped waiting: an exception reached it (a signal's handler
+        raised on the main thread) while it waited or gathered a group. A batch still queued is
+        not written, since its caller was told nothing was; a lead handed to it passes on, or
+        nobody would write the queue again (every writer after it would wait for good); a turn
+        it holds or would get passes on. A batch in a transaction being written commits."""
+        with self._lock:
+            if me in self._queue:
+                self._queue.remove(me)
+                if me.lead:
+                    me.lead = False
+                    self._hand_on()
+            elif me in self._ring:
+                self._ring.remove(me)
+            me.done.set()  # the turns pass it by (``_pass_turn``) if it is still to come
+            if self.turns:
+                self._came_back(me.thread)
 
     def away(self) -> None:
         """This thread is going where it may stay a while (a tool call): the next writer of its
@@ -170,14 +199,14 @@ class GroupCommitter:
         self._pass_turn()
 
     def _pass_turn(self) -> None:
-        """Wake the next committed writer; one whose batch ended its run leaves the step machine
-        at once, so the one after it is woken too (under the lock)."""
+        """Wake the next committed writer; one that leaves (``_leaves``: its batch ended its run,
+        or failed) comes back to no commit, so the one after it is woken too (under the lock)."""
         while self._ring:
             nxt = self._ring.popleft()
             if nxt.done.is_set():  # woken by a stall meanwhile
                 continue
             nxt.done.set()
-            if not _ends_run(nxt.batch):
+            if not _leaves(nxt):
                 self._out.add(nxt.thread)
                 return
         if not self._out:
@@ -195,8 +224,12 @@ class GroupCommitter:
                     return
                 if me.committed and time.monotonic() - self._moved >= self.stall:
                     self._ring.remove(me)
-                    self._out.add(me.thread)
+                    me.done.set()
                     self._moved = time.monotonic()
+                    if _leaves(me):
+                        self._pass_turn()
+                    else:
+                        self._out.add(me.thread)
                     return
 
     def _gather(self) -> None:
@@ -235,7 +268,7 @@ class GroupCommitter:
                         if waiter is not me:
                             self._ring.append(waiter)
                     self._moved = time.monotonic()
-                    if _ends_run(me.batch):
+                    if _leaves(me):
                         self._pass_turn()
                     else:
                         self._out.add(me.thread)
