@@ -255,10 +255,15 @@ def _dbos(url: str, folder: Path, runs: int) -> dict[str, Any]:
 
     try:
         drive(max(5, runs // 10), "warm")
+        server = _backends_cpu(url)
         wall, cpu = _timed(lambda: drive(runs, "timed"))
+        server_us = _server_us(server, _backends_cpu(url), runs * STEPS)
     finally:
         DBOS.destroy()
-    return {"steps_s": runs * STEPS / wall, "cpu_us": cpu / (runs * STEPS) * 1e6}
+    found = {"steps_s": runs * STEPS / wall, "cpu_us": cpu / (runs * STEPS) * 1e6}
+    if server_us is not None:
+        found["server_us"] = server_us
+    return found
 
 
 def _floor(url: str, commits: int = 500) -> dict[str, Any]:
@@ -270,10 +275,15 @@ def _floor(url: str, commits: int = 500) -> dict[str, Any]:
         conn.execute("CREATE TABLE floor (n integer)")
         for _ in range(50):
             conn.execute("INSERT INTO floor VALUES (1)")
+        server = _backends_cpu(url)
         wall, cpu = _timed(
             lambda: [conn.execute("INSERT INTO floor VALUES (1)") for _ in range(commits)]
         )
-    return {"steps_s": commits / wall / 2, "cpu_us": cpu / commits * 2 * 1e6}
+        server_us = _server_us(server, _backends_cpu(url), commits // 2)
+    found = {"steps_s": commits / wall / 2, "cpu_us": cpu / commits * 2 * 1e6}
+    if server_us is not None:
+        found["server_us"] = server_us
+    return found
 
 
 def child(system: str, runs: int, profile: bool, workload: str = "write") -> None:
