@@ -27,7 +27,7 @@ import pytest
 import effectflow as ef
 from effectflow.contracts import registry as registry_mod
 from effectflow.ledger.records import StepStatus
-from effectflow.ledger.store import LedgerStore, open_store
+from effectflow.ledger.store import Batch, LedgerStore, open_store
 from effectflow.testing import Fault, FaultAction, FaultPlan, FaultPoint, InjectedCrash
 
 STEPS = 3
@@ -529,3 +529,77 @@ def test_asyncio_runs_beside_thread_runs_on_one_runtime(world: World) -> None:
         )
         assert rt.verify_audit() == []
     _check(world, dict.fromkeys([*threads, *coros, *synced], STEPS))
+
+
+def test_an_interrupt_of_the_leader_mid_transaction_is_its_own(world: World) -> None:
+    """The main thread leads a group transaction carrying other threads' batches when a signal
+    interrupts it inside the transaction (its handler raises): the transaction rolls back; the
+    interrupt is raised on the main thread only, and the others' writes fail as a transaction
+    that did not commit does (``LedgerUnavailable``: an intent's run is left for recovery, an
+    outcome is written again), never with the main thread's interrupt."""
+    registry, flow, _ = _app(world)
+    main = threading.get_ident()
+    fired = threading.Event()
+    with _runtime(world, registry) as rt:
+        assert rt.committer is not None
+        rt.committer.stall = 0.01  # this test is about the transaction, not the turns
+        store = rt.store
+        apply_many, seal = store.apply_many, store._seal_txn  # type: ignore[attr-defined]
+        armed = threading.local()
+
+        def spy_apply_many(batches: list[Batch], *, lease_ttl: float, now: float) -> Any:
+            armed.on = threading.get_ident() == main and not fired.is_set()
+            return apply_many(batches, lease_ttl=lease_ttl, now=now)
+
+        def spy_seal(conn: Any, seals: list[list[Any]]) -> None:
+            if getattr(armed, "on", False):
+                armed.on = False
+                fired.set()
+                signal.pthread_kill(main, signal.SIGUSR1)  # raises at its next instruction
+            seal(conn, seals)
+
+        store.apply_many = spy_apply_many  # type: ignore[method-assign]
+        store._seal_txn = spy_seal  # type: ignore[attr-defined]
+
+        def handler(signum: int, frame: Any) -> None:
+            raise _Interrupted
+
+        previous = signal.signal(signal.SIGUSR1, handler)
+        others: dict[str, Any] = {}
+
+        def other(name: str) -> None:
+            for n in range(ATTEMPTS):
+                run_id = f"{name}-{n}"
+                try:
+                    others[run_id] = rt.start(flow, run_id=run_id, run=run_id)
+                except BaseException as exc:
+                    others[run_id] = exc
+                if fired.is_set():
+                    return
+
+        mains: list[str] = []
+        try:
+            threads = [
+                threading.Thread(target=other, args=(name,), daemon=True)
+                for name in ("other-a", "other-b", "other-c")
+            ]
+            for thread in threads:
+                thread.start()
+            for n in range(ATTEMPTS):
+                mains.append(f"main-{n}")
+                try:
+                    rt.start(flow, run_id=mains[-1], run=mains[-1])
+                except _Interrupted:
+                    break
+            began = time.monotonic()
+            for thread in threads:
+                thread.join(max(0.0, began + BOUND - time.monotonic()))
+            assert fired.is_set(), "the main thread never led a shared transaction"
+            assert not [t for t in threads if t.is_alive()]
+        finally:
+            signal.signal(signal.SIGUSR1, previous)
+        kinds = {_status(r) for r in others.values()}
+        assert kinds <= {ef.RunStatus.SUCCEEDED, ef.LedgerUnavailable}, others
+        assert rt.verify_audit() == []
+    succeeded = [r for r, res in others.items() if _status(res) is ef.RunStatus.SUCCEEDED]
+    _check(world, dict.fromkeys([*succeeded, *mains[:-1]], STEPS))

@@ -37,6 +37,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
+from effectflow import errors
 from effectflow.ledger.records import RunStatus
 from effectflow.ledger.store import Applied, Batch, LedgerStore
 
@@ -61,6 +62,17 @@ def _leaves(waiter: _Waiter) -> bool:
     waits for its next commit: its batch ends or pauses its run, or was refused or failed (its
     thread leaves with the error, or pauses before writing again: ``outage``)."""
     return waiter.error is not None or _ends_run(waiter.batch)
+
+
+def _interrupted(batch: Batch, exc: BaseException) -> errors.LedgerUnavailable:
+    """What a writer gets whose batch was in a transaction another thread's interrupt ended:
+    the ledger's error for a transaction that did not commit (an outcome is written again, an
+    intent's run is left for recovery: ``outage``), not that thread's interrupt."""
+    return errors.LedgerUnavailable(
+        f"run {batch.run_id}: the transaction carrying this write was interrupted "
+        f"({type(exc).__name__} in the thread that led it) and did not commit",
+        run_id=batch.run_id,
+    )
 
 
 class _Gate:
@@ -178,8 +190,8 @@ class GroupCommitter:
                     self._hand_on()
             elif me in self._ring:
                 self._ring.remove(me)
-            me.done.set()  # the turns pass it by (``_pass_turn``) if it is still to come
-            if self.turns:
+            if self.turns:  # (without turns a leader opens the gates without the lock: not here)
+                me.done.set()  # the turns pass it by (``_pass_turn``) if it is still to come
                 self._came_back(me.thread)
 
     def away(self) -> None:
@@ -299,9 +311,19 @@ class GroupCommitter:
                 )
                 for waiter, applied in zip(group, results, strict=True):
                     waiter.error, waiter.control = applied.error, applied.control
-        except BaseException as exc:  # the whole transaction failed: every batch in it did
+        except Exception as exc:  # the whole transaction failed: every batch in it did
             for waiter in group:
                 waiter.error = exc
+        except BaseException as exc:
+            # An interrupt of the leader's own thread (a signal's handler raised on the main
+            # thread), and the transaction rolled back: the interrupt is this thread's; the
+            # others' batches failed as in any transaction that did not commit.
+            for waiter in group:
+                waiter.error = (
+                    exc
+                    if waiter.thread == threading.get_ident()
+                    else _interrupted(waiter.batch, exc)
+                )
         self.transactions += 1
         self.batches += len(group)
 
