@@ -22,6 +22,7 @@ medians, and each system's paired ratio against the first. Run::
     .venv/bin/python benchmarks/pg_write_step.py --profile                    # cProfile, this tree
     .venv/bin/python benchmarks/pg_write_step.py --floor    # and a raw commit each repetition
     .venv/bin/python benchmarks/pg_write_step.py --commits A B --no-dbos --workload sequential
+    .venv/bin/python benchmarks/pg_write_step.py --warm 300  # every shard sealed before timing
 
 DBOS runs in the project's own venv (``dbos`` is a dev dependency there) or in
 ``benchmarks/compare/.venvs/dbos`` when that exists, on ``postgresql+psycopg://`` to the same server.
@@ -183,8 +184,18 @@ def _server_us(before: dict[int, int], after: dict[int, int], steps: int) -> flo
     return ticks / os.sysconf("SC_CLK_TCK") / steps * 1e6
 
 
+def _warmup(runs: int, warm: int | None) -> int:
+    """Workflows run before the timed ones: ``warm``, or a tenth of ``runs`` (at least 5)."""
+    return max(5, runs // 10) if warm is None else warm
+
+
 def _effectflow(
-    url: str, folder: Path, runs: int, profile: bool, workload: str = "write"
+    url: str,
+    folder: Path,
+    runs: int,
+    profile: bool,
+    workload: str = "write",
+    warm: int | None = None,
 ) -> dict[str, Any]:
     from effectflow import bench
 
@@ -192,7 +203,7 @@ def _effectflow(
     provider = bench.Provider(folder / "provider.txt")
     workloads = bench.Workloads(url, provider)
     try:
-        workloads.run(workload, max(5, runs // 10), "warm")
+        workloads.run(workload, _warmup(runs, warm), "warm")
         if profile:
             prof = cProfile.Profile(time.process_time)  # CPU, not wall time
             prof.enable()
@@ -227,7 +238,7 @@ def _effectflow(
     return out
 
 
-def _dbos(url: str, folder: Path, runs: int) -> dict[str, Any]:
+def _dbos(url: str, folder: Path, runs: int, warm: int | None = None) -> dict[str, Any]:
     sys.path.insert(0, str(REPO / "benchmarks" / "compare"))
     import _common
     from dbos import DBOS, SetWorkflowID
@@ -254,7 +265,7 @@ def _dbos(url: str, folder: Path, runs: int) -> dict[str, Any]:
                 write(f"{prefix}-{r}")
 
     try:
-        drive(max(5, runs // 10), "warm")
+        drive(_warmup(runs, warm), "warm")
         server = _backends_cpu(url)
         wall, cpu = _timed(lambda: drive(runs, "timed"))
         server_us = _server_us(server, _backends_cpu(url), runs * STEPS)
@@ -286,18 +297,20 @@ def _floor(url: str, commits: int = 500) -> dict[str, Any]:
     return found
 
 
-def child(system: str, runs: int, profile: bool, workload: str = "write") -> None:
+def child(
+    system: str, runs: int, profile: bool, workload: str = "write", warm: int | None = None
+) -> None:
     """One sample in this process: a fresh database, one system, one JSON line on stdout."""
     with (
         tempfile.TemporaryDirectory(prefix="pg-write-") as folder,
         fresh_database(f"pgbench_{system}") as url,
     ):
         if system == "dbos":
-            found = _dbos(url, Path(folder), runs)
+            found = _dbos(url, Path(folder), runs, warm)
         elif system == "floor":
             found = _floor(url)
         else:
-            found = _effectflow(url, Path(folder), runs, profile, workload)
+            found = _effectflow(url, Path(folder), runs, profile, workload, warm)
     found["maxrss_kb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     print(json.dumps(found), flush=True)
 
@@ -307,7 +320,9 @@ def _dbos_python() -> str:
     return str(venv) if venv.exists() else sys.executable
 
 
-def _sample(name: str, tree: Path | None, runs: int, workload: str) -> dict[str, Any]:
+def _sample(
+    name: str, tree: Path | None, runs: int, workload: str, warm: int | None = None
+) -> dict[str, Any]:
     env = dict(os.environ)
     if name == "dbos":
         python, system = _dbos_python(), "dbos"
@@ -316,8 +331,11 @@ def _sample(name: str, tree: Path | None, runs: int, workload: str) -> dict[str,
     else:
         python, system = sys.executable, "effectflow"
         env["PYTHONPATH"] = str((tree or REPO) / "src")
+    command = [python, __file__, "--child", system, "--runs", str(runs), "--workload", workload]
+    if warm is not None:
+        command += ["--warm", str(warm)]
     done = subprocess.run(
-        [python, __file__, "--child", system, "--runs", str(runs), "--workload", workload],
+        command,
         env=env,
         capture_output=True,
         text=True,
@@ -353,20 +371,29 @@ def main(argv: list[str]) -> int:
         "--floor", action="store_true", help="a raw commit a sample (steps/s: two a step)"
     )
     parser.add_argument("--runs", type=int, default=200, help="workflows a sample times")
+    parser.add_argument(
+        "--warm",
+        type=int,
+        default=None,
+        help="workflows run before the timed ones (default: a tenth of --runs, at least 5); "
+        "~300 seals every audit shard of the fresh ledger first, so no timed batch is a "
+        "shard's first seal (applied statement by statement)",
+    )
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--commits", nargs="+", default=[], help="effectflow commits to compare")
     parser.add_argument("--no-dbos", action="store_true", help="leave DBOS out")
     parser.add_argument("--profile", action="store_true", help="cProfile this tree, in process")
     args = parser.parse_args(argv)
     if args.child:
-        child(args.child, args.runs, profile=False, workload=args.workload)
+        child(args.child, args.runs, profile=False, workload=args.workload, warm=args.warm)
         return 0
     if args.profile:
         with (
             tempfile.TemporaryDirectory(prefix="pg-write-") as folder,
             fresh_database("pgbench_profile") as url,
         ):
-            print(json.dumps(_effectflow(url, Path(folder), args.runs, True, args.workload)))
+            found = _effectflow(url, Path(folder), args.runs, True, args.workload, args.warm)
+            print(json.dumps(found))
         return 0
     with tempfile.TemporaryDirectory(prefix="effectflow-trees-") as folder:
         systems: dict[str, Path | None] = {}
@@ -382,7 +409,7 @@ def main(argv: list[str]) -> int:
         for rep in range(args.repeats):
             order = list(systems) if rep % 2 == 0 else list(reversed(systems))
             for name in order:
-                found = _sample(name, systems[name], args.runs, args.workload)
+                found = _sample(name, systems[name], args.runs, args.workload, args.warm)
                 samples[name].append(found)
                 print(f"[{rep + 1}/{args.repeats}] {name}: {found}", file=sys.stderr)
     first = next(iter(systems))
