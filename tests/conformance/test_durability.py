@@ -270,3 +270,45 @@ def test_postgres_default_commits_synchronously(pg_backend: Backend) -> None:
         assert _synchronous_commit(store, deferrable=True) == "on"
     finally:
         store.close()
+
+
+def test_postgres_a_run_start_rides_asynchronously(
+    pg_backend: Backend, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``rt.start``'s first commit is asynchronous on PostgreSQL too (the server's WAL is one
+    sequence: the run's first intent, committed synchronously before its call, flushes it); every
+    other batch of the default durability commits synchronously, on the one-trip path (the
+    function's last argument) and statement by statement (``_riding_txn``)."""
+    with _workloads(pg_backend.url, tmp_path) as workloads:
+        store = workloads.rt.store
+        assert isinstance(store, postgres_backend.PostgresStore)
+        made = store._one_trip_params
+        seen: list[tuple[list[str], bool]] = []
+
+        def recording(batch: Batch, *args: Any, **kw: Any) -> Any:
+            params, shard_after = made(batch, *args, **kw)
+            seen.append(([event.kind for event in batch.audit], params[-1]))
+            return params, shard_after
+
+        monkeypatch.setattr(store, "_one_trip_params", recording)
+        workloads.run("write", 1, "rides")
+        # (A batch composed again on a head that moved is counted once a try.)
+        assert {tuple(kinds) for kinds, off in seen if off} == {("run_started",)}
+        assert sum(kinds.count("intent") for kinds, off in seen if not off) >= 10
+        with store._riding_txn() as conn:
+            row = conn.execute("SHOW synchronous_commit").fetchone()
+        assert row is not None
+        assert row[0] == "off"
+        assert _synchronous_commit(store, deferrable=False) == "on"
+
+
+def test_postgres_forgets_the_heads_of_runs_that_ended(pg_backend: Backend, tmp_path: Path) -> None:
+    """The one-trip path remembers a running run's chain heads, not a finished run's: memory for
+    the runs in flight, not for every run this process finished (up to 4,096 of them before)."""
+    with _workloads(pg_backend.url, tmp_path) as workloads:
+        store = workloads.rt.store
+        assert isinstance(store, postgres_backend.PostgresStore)
+        workloads.run("write", 3, "ended")
+        assert store.trips["one_trip"] > 0
+        assert not [run_id for run_id in store._heads if run_id.startswith("ended-")]
+        assert store.verify_audit() == []

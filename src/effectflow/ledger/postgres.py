@@ -159,6 +159,9 @@ def apply_function() -> str:
     return _MARK_RE.sub(lambda m: _from_json(m["name"], m["param"]), template)
 
 
+#: The statuses of a run being executed: a batch that leaves them ends or pauses the run.
+_EXECUTING = frozenset({records.RunStatus.RUNNING, records.RunStatus.CANCELLING})
+
 #: The name each pooled connection prepares ``apply_batch`` under (``PostgresStore._configure``).
 APPLY_STATEMENT = b"effectflow_apply"
 #: The SQLSTATE of a prepared statement the session does not have (``invalid_sql_statement_name``).
@@ -461,7 +464,7 @@ class PostgresStore(SQLCore, SQLReads):
             yield conn
 
     @contextmanager
-    def _batch(self, *, deferrable: bool = False) -> Iterator[Connection]:
+    def _batch(self, *, deferrable: bool = False, rides: bool = False) -> Iterator[Connection]:
         """A pipelined transaction: a statement whose result is not read travels with the next
         one that is, or with the COMMIT. Applying a batch costs two round trips (the fence, the
         commit) and one per operation binding, instead of one per statement.
@@ -471,7 +474,7 @@ class PostgresStore(SQLCore, SQLReads):
         """
         with self._edge(), self._pool.connection() as conn, _pipeline(conn):
             conn.execute("BEGIN")
-            if deferrable and self.durability == "intents":
+            if rides or (deferrable and self.durability == "intents"):
                 conn.execute(SQL["async_commit"])
             yield conn
             conn.execute("COMMIT")
@@ -658,7 +661,7 @@ class PostgresStore(SQLCore, SQLReads):
             shard_prev,
             shard_new,
             CHANNEL if notify else None,
-            batch.deferrable and self.durability == "intents",
+            batch.rides or (batch.deferrable and self.durability == "intents"),
         ]
         return params, shard_after
 
@@ -670,7 +673,16 @@ class PostgresStore(SQLCore, SQLReads):
         shard: int,
         shard_after: tuple[int, str] | None,
     ) -> None:
-        """The run's head (and its shard's) as the batch just committed left them."""
+        """The run's head (and its shard's) as the batch just committed left them; a run that
+        the batch ended or paused is forgotten (it is rarely written again, and its head would
+        hold up to ``_HEADS_KEPT`` finished runs in memory: a later write of it costs one more
+        trip, to learn the head)."""
+        if shard_after is not None:
+            self._remember_shard(shard, shard_after)
+        status = composed.changes.get("status")
+        if status is not None and status not in _EXECUTING:
+            self._heads.pop(run_id, None)
+            return
         after = dict(head)
         for field, value in composed.changes.items():
             column = rowmap.column(field)
@@ -681,8 +693,6 @@ class PostgresStore(SQLCore, SQLReads):
             with contextlib.suppress(StopIteration, RuntimeError):
                 self._heads.pop(next(iter(self._heads)), None)
         self._heads[run_id] = _plain(after)
-        if shard_after is not None:
-            self._remember_shard(shard, shard_after)
 
     def _remember_shard(self, shard: int, head: tuple[int, str]) -> None:
         """A shard's head after a write of this process (never an older one over a newer)."""
@@ -867,6 +877,13 @@ class PostgresStore(SQLCore, SQLReads):
     ) -> contextlib.AbstractContextManager[Connection]:
         """A pipelined transaction (see ``_batch``)."""
         return self._batch(deferrable=deferrable)
+
+    def _riding_txn(self) -> contextlib.AbstractContextManager[Connection]:
+        """A run's start that rides its next flushed commit (``Batch.rides``): committed
+        asynchronously, as ``durability=intents`` commits an outcome. The server's WAL is one
+        sequence, so the run's next synchronous commit (an intent before any call, a pause, its
+        end) flushes the start with it."""
+        return self._batch(rides=True)
 
     def _plain_txn(self) -> contextlib.AbstractContextManager[Connection]:
         """A transaction whose statements run one by one."""
