@@ -156,7 +156,6 @@ class _Spares:
                     else:
                         # The server refused a spare: the tests create their own from now on.
                         self._stopping = True
-                        self._failed.append(name)
             elif not _drop_database(name):
                 self._failed.append(name)
 
