@@ -27,11 +27,13 @@ against ``floor`` and ``effectflow``. Run::
 
     .venv/bin/python benchmarks/lean_write.py                 # 5 repeats x 100 workflows (~2 min)
     .venv/bin/python benchmarks/lean_write.py --repeats 3 --workflows 50
+    .venv/bin/python benchmarks/lean_write.py --instructions   # callgrind, load-independent (~2 min)
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import os
@@ -39,9 +41,11 @@ import resource
 import shutil
 import sqlite3
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from effectflow import bench
@@ -213,14 +217,16 @@ class Floor:
 
 
 def _open(
-    design: str, folder: Path
+    design: str, folder: Path, *, synchronous_off: bool = False
 ) -> tuple[Callable[[str], object], sqlite3.Connection, Callable[[], None], int]:
     """A design's ledger in ``folder``: how to run one workflow, its connection, how to close it,
     and its commits a workflow."""
     provider = bench.Provider(folder / "provider.txt")
     path = folder / "ledger.db"
     if design == "effectflow":
-        w = bench.Workloads(f"sqlite:///{path}", provider)
+        w = bench.Workloads(
+            f"sqlite:///{path}" + ("?synchronous=off" if synchronous_off else ""), provider
+        )
         flow = w._flows["write"]
         store = w.rt.store
         assert isinstance(store, sqlite_backend.SQLiteStore)
@@ -241,6 +247,9 @@ def _open(
         else Lean(path, provider, effects=design != "journal", full=design == "lean")
     )
 
+    if synchronous_off:
+        ledger.conn.execute("PRAGMA synchronous=OFF")
+
     def close_lean() -> None:
         ledger.close()
         provider.close()
@@ -248,47 +257,89 @@ def _open(
     return ledger.run, ledger.conn, close_lean, 2 * STEPS + (0 if design == "floor" else 2)
 
 
-def _frames(design: str, workflows: int = 5) -> float:
-    """WAL frames a commit: ``workflows`` workflows with auto-checkpoints off, the WAL's length."""
-    folder = Path(tempfile.mkdtemp(prefix=f"effectflow-lean-frames-{design}-"))
+@contextlib.contextmanager
+def _warmed(
+    design: str, what: str, *, synchronous_off: bool = False
+) -> Iterator[tuple[Callable[[str], object], sqlite3.Connection, Path, int]]:
+    """A fresh ledger of ``design`` after 20 workflows: how to run one, its connection, its
+    folder and its commits a workflow (``synchronous_off``: no fsync, the step all CPU)."""
+    folder = Path(tempfile.mkdtemp(prefix=f"effectflow-lean-{what}-{design}-"))
     try:
-        run, conn, close, commits = _open(design, folder)
+        run, conn, close, commits = _open(design, folder, synchronous_off=synchronous_off)
         try:
             for r in range(20):
                 run(f"warm-{r}")
-            conn.execute("PRAGMA wal_autocheckpoint=0")
-            conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-            for r in range(workflows):
-                run(f"counted-{r}")
-            size = (folder / "ledger.db-wal").stat().st_size
-            page = conn.execute("PRAGMA page_size").fetchone()[0]
+            yield run, conn, folder, commits
         finally:
             close()
-        return (size - 32) / (24 + page) / (workflows * commits)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def _frames(design: str, workflows: int = 5) -> float:
+    """WAL frames a commit: ``workflows`` workflows with auto-checkpoints off, the WAL's length."""
+    with _warmed(design, "frames") as (run, conn, folder, commits):
+        conn.execute("PRAGMA wal_autocheckpoint=0")
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        for r in range(workflows):
+            run(f"counted-{r}")
+        size = (folder / "ledger.db-wal").stat().st_size
+        page = conn.execute("PRAGMA page_size").fetchone()[0]
+    return float((size - 32) / (24 + page) / (workflows * commits))
 
 
 def _sample(design: str, workflows: int) -> dict[str, float]:
-    folder = Path(tempfile.mkdtemp(prefix=f"effectflow-lean-{design}-"))
-    try:
-        run, _, close, _ = _open(design, folder)
-        try:
-            for r in range(20):
-                run(f"warm-{r}")
-            before = resource.getrusage(resource.RUSAGE_SELF)
-            started = time.perf_counter()
-            for r in range(workflows):
-                run(f"timed-{r}")
-            wall = time.perf_counter() - started
-            after = resource.getrusage(resource.RUSAGE_SELF)
-        finally:
-            close()
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
+    with _warmed(design, "timed") as (run, _, _, _):
+        before = resource.getrusage(resource.RUSAGE_SELF)
+        started = time.perf_counter()
+        for r in range(workflows):
+            run(f"timed-{r}")
+        wall = time.perf_counter() - started
+        after = resource.getrusage(resource.RUSAGE_SELF)
     steps = workflows * STEPS
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     return {"steps_s": steps / wall, "cpu_us": cpu / steps * 1e6, "load1": os.getloadavg()[0]}
+
+
+def _counted_child(design: str, workflows: int) -> None:
+    """In a process under callgrind: ``workflows`` workflows without fsyncs, inside
+    ``sys.call_tracing`` (the only function callgrind collects in)."""
+    with _warmed(design, "counted", synchronous_off=True) as (run, _, _, _):
+
+        def loop() -> None:
+            for r in range(workflows):
+                run(f"counted-{r}")
+
+        sys.call_tracing(loop, ())
+
+
+def _instructions(design: str, workflows: int) -> float:
+    """Instructions a step of ``design`` at ``synchronous=off`` (callgrind, this process's
+    interpreter, ``PYTHONHASHSEED=0``)."""
+    with tempfile.TemporaryDirectory(prefix="effectflow-lean-callgrind-") as folder:
+        out = Path(folder) / "callgrind.out"
+        subprocess.run(
+            [
+                "valgrind",
+                "--tool=callgrind",
+                "--collect-atstart=no",
+                "--toggle-collect=sys_call_tracing",
+                f"--callgrind-out-file={out}",
+                sys.executable,
+                __file__,
+                "--counted-child",
+                design,
+                "--workflows",
+                str(workflows),
+            ],
+            env={**os.environ, "PYTHONHASHSEED": "0"},
+            check=True,
+            capture_output=True,
+        )
+        for line in out.read_text().splitlines():
+            if line.startswith("summary:"):
+                return int(line.split()[1]) / (workflows * STEPS)
+    raise RuntimeError(f"{out}: no summary line")
 
 
 DESIGNS = ("floor", "journal", "journal+effects", "lean", "effectflow")
@@ -298,9 +349,25 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--workflows", type=int, default=100, help="timed workflows a sample")
+    parser.add_argument(
+        "--instructions",
+        action="store_true",
+        help="instructions a step of each design without fsyncs (valgrind callgrind), not times",
+    )
+    parser.add_argument("--counted-child", choices=DESIGNS, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.repeats < 1 or args.workflows < 1:
         parser.error("--repeats and --workflows must be at least 1")
+    if args.counted_child:
+        _counted_child(args.counted_child, args.workflows)
+        return
+    if args.instructions:
+        print("| design | instructions a step (synchronous=off) | WAL frames a commit |")
+        print("| --- | ---: | ---: |")
+        for design in DESIGNS:
+            counted = _instructions(design, min(args.workflows, 30))
+            print(f"| {design} | {counted:,.0f} | {_frames(design):.1f} |", flush=True)
+        return
     found: dict[str, list[dict[str, float]]] = {d: [] for d in DESIGNS}
     for rep in range(args.repeats):
         order = DESIGNS[rep % len(DESIGNS) :] + DESIGNS[: rep % len(DESIGNS)]
