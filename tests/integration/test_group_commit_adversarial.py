@@ -11,6 +11,7 @@ ledger read through a store of its own agree); each intent is committed before i
 from __future__ import annotations
 
 import asyncio
+import json
 import signal
 import sqlite3
 import subprocess
@@ -183,8 +184,7 @@ def _check(world: World, confirmed: dict[str, int]) -> None:
     lines = world.lines()
     keys = [key for key, _, _ in lines]
     assert len(keys) == len(set(keys)), "an effect landed twice"
-    assert world.intent_was_durable
-    assert all(world.intent_was_durable)
+    assert all(world.intent_was_durable)  # (this process's calls; another's checks its own)
     reader = open_store(world.url)
     try:
         for run, count in confirmed.items():
@@ -618,3 +618,53 @@ def test_an_interrupt_of_the_leader_mid_transaction_is_its_own(world: World) -> 
         assert rt.verify_audit() == []
     succeeded = [r for r, res in others.items() if _status(res) is ef.RunStatus.SUCCEEDED]
     _check(world, dict.fromkeys([*succeeded, *mains[:-1]], STEPS))
+
+
+def test_a_ledger_file_that_cannot_grow_hangs_nobody_and_loses_nothing(
+    world: World, tmp_path: Path
+) -> None:
+    """In a process whose files may not grow past a size (``RLIMIT_FSIZE``: each write past it
+    fails, as on a full disk), runs on threads with group commit fill the ledger's WAL until its
+    writes fail: every thread ends within the bound (a write that fails raises; an outcome is
+    retried first); nothing landed at the provider whose intent was not committed; and the file,
+    opened again without the limit, is whole and its audit chains verify."""
+    script = tmp_path / "full_disk.py"
+    script.write_text(
+        textwrap.dedent(
+            f"""
+            import json, os, resource, signal, sys
+            sys.path[:0] = [{str(Path(__file__).parent)!r}, {str(Path(__file__).parents[1])!r}]
+            import test_group_commit_adversarial as t
+            from pathlib import Path
+            import effectflow as ef
+            world = t.World(Path({str(tmp_path)!r}), {world.url!r})
+            registry, flow, _ = t._app(world)
+            with ef.Runtime({world.url!r}, registry=registry, ledger_retry=0.3) as rt:
+                rt.start(flow, run_id="warm", run="warm")
+                path = {world.url.removeprefix("sqlite:///")!r}
+                sizes = [os.path.getsize(p) for p in (path, path + "-wal", world.sent)]
+                signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past it fails (EFBIG)
+                limit = max(sizes) + 300 * 1024  # a few transactions (each writes ~20 pages)
+                resource.setrlimit(resource.RLIMIT_FSIZE, (limit, resource.RLIM_INFINITY))
+                ids = [f"full-{{i}}" for i in range(12)]
+                jobs = {{i: (lambda i=i: rt.start(flow, run_id=i, run=i)) for i in ids}}
+                results = t._together(jobs, 20)
+            print(json.dumps({{i: t._status(r) if isinstance(r, ef.RunRecord) else type(r).__name__
+                              for i, r in results.items()}}))
+            assert all(world.intent_was_durable), world.intent_was_durable
+            world.close()
+            """
+        )
+    )
+    done = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=30, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    outcomes = json.loads(done.stdout.splitlines()[-1])
+    assert "LedgerUnavailable" in outcomes.values(), outcomes  # the limit was met
+    assert set(outcomes.values()) <= {"succeeded", "LedgerUnavailable"}, outcomes
+    registry, _, _ = _app(world)
+    succeeded = [i for i, o in outcomes.items() if o == "succeeded"]
+    _check(world, dict.fromkeys([*succeeded, "warm"], STEPS))
+    with ef.Runtime(world.url, registry=registry) as again:
+        assert again.verify_audit() == []
