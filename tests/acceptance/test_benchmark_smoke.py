@@ -139,3 +139,59 @@ def test_write_pages_names_the_b_trees_a_commit_writes_and_splits_the_fsyncs_off
     assert "FULL" in out
     assert "synchronous=off" in out
     assert "raw commit (FULL)" in out
+
+
+def test_recovery_at_scale_interrupts_every_run_and_recovers_each_charge_once(
+    tmp_path: Path,
+) -> None:
+    """`recovery_scale.py` (BENCHMARKS.md, "Recovery at scale") makes its interrupted runs and
+    recovers them: its own check (every run succeeded, one charge a key) passes. It once broke
+    silently for sessions: its fill's fault plan no longer reached the runs."""
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(SCRIPT.parent / "recovery_scale.py"),
+            "--runs",
+            "30",
+            "--batch",
+            "10",
+            "--no-postgres",
+            "--dir",
+            str(tmp_path),
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "all 30 runs succeeded, 30 charges under 30 keys" in done.stdout
+
+
+def test_lean_write_times_every_design_beside_effectflow() -> None:
+    """`lean_write.py` (BENCHMARKS.md, "Issue 18" → "Session 10") runs each throwaway design and
+    effectflow's, and the leaner the design the fewer WAL frames its commits write."""
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(SCRIPT.parent / "lean_write.py"),
+            "--repeats",
+            "1",
+            "--workflows",
+            "2",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    rows = {
+        line.split("|")[1].strip(): line.split("|")
+        for line in done.stdout.splitlines()
+        if line.startswith("| ") and not line.startswith(("| design", "| ---"))
+    }
+    assert list(rows) == ["floor", "journal", "journal+effects", "lean", "effectflow"]
+    frames = [float(rows[d][4]) for d in rows]
+    assert frames == sorted(frames)
