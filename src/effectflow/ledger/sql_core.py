@@ -107,6 +107,14 @@ class SQLCore(abc.ABC):
         SQLite commits it at NORMAL; by default it is flushed like any other (PostgreSQL)."""
         return self._batch_txn()
 
+    def _txn_for(self, batches: Sequence[Batch]) -> AbstractContextManager[Any]:
+        """The transaction ``batches`` commit in: one that rides when every batch rides (a run's
+        start, or the starts of runs begun together on asyncio); else flushed, or deferred when
+        every batch may be (a start grouped with deferrable batches defers with them)."""
+        if all(b.rides for b in batches):
+            return self._riding_txn()
+        return self._batch_txn(deferrable=all(b.deferrable or b.rides for b in batches))
+
     @abc.abstractmethod
     def _plain_txn(self) -> AbstractContextManager[Any]:
         """A transaction whose statements run one after the other (no pipeline)."""
@@ -149,8 +157,7 @@ class SQLCore(abc.ABC):
 
     def apply(self, batch: Batch, *, lease_ttl: float, now: float) -> dict[str, Any] | None:
         """Commit one batch in one transaction (see ``LedgerStore.apply``)."""
-        txn = self._riding_txn() if batch.rides else self._batch_txn(deferrable=batch.deferrable)
-        with txn as conn:
+        with self._txn_for((batch,)) as conn:
             control, seal = self._apply_txn(conn, batch, lease_ttl=lease_ttl, now=now)
             self._seal_txn(conn, [seal] if seal else [])
             return control
@@ -166,13 +173,7 @@ class SQLCore(abc.ABC):
             # Stable: batches of one run keep their order.
             order.sort(key=lambda i: batches[i].run_id)
         seals: list[list[Any]] = []
-        # A group of runs' starts (``start_async``) rides like one start; a start grouped with
-        # other batches is flushed with them, or deferred with them when all of those may be.
-        if all(b.rides for b in batches):
-            txn = self._riding_txn()
-        else:
-            txn = self._batch_txn(deferrable=all(b.deferrable or b.rides for b in batches))
-        with txn as conn:
+        with self._txn_for(batches) as conn:
             for i in order:
                 self._savepoint(conn)
                 try:
