@@ -41,12 +41,13 @@ import resource
 import shutil
 import sqlite3
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+
+import _callgrind
 
 from effectflow import bench
 from effectflow.ledger import sqlite as sqlite_backend
@@ -314,32 +315,9 @@ def _counted_child(design: str, workflows: int) -> None:
 
 
 def _instructions(design: str, workflows: int) -> float:
-    """Instructions a step of ``design`` at ``synchronous=off`` (callgrind, this process's
-    interpreter, ``PYTHONHASHSEED=0``)."""
-    with tempfile.TemporaryDirectory(prefix="effectflow-lean-callgrind-") as folder:
-        out = Path(folder) / "callgrind.out"
-        subprocess.run(
-            [
-                "valgrind",
-                "--tool=callgrind",
-                "--collect-atstart=no",
-                "--toggle-collect=sys_call_tracing",
-                f"--callgrind-out-file={out}",
-                sys.executable,
-                __file__,
-                "--counted-child",
-                design,
-                "--workflows",
-                str(workflows),
-            ],
-            env={**os.environ, "PYTHONHASHSEED": "0"},
-            check=True,
-            capture_output=True,
-        )
-        for line in out.read_text().splitlines():
-            if line.startswith("summary:"):
-                return int(line.split()[1]) / (workflows * STEPS)
-    raise RuntimeError(f"{out}: no summary line")
+    """Instructions a step of ``design`` at ``synchronous=off`` (callgrind)."""
+    command = [sys.executable, __file__, "--counted-child", design, "--workflows", str(workflows)]
+    return _callgrind.instructions(command) / (workflows * STEPS)
 
 
 DESIGNS = ("floor", "journal", "journal+effects", "lean", "effectflow")

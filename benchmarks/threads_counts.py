@@ -24,12 +24,13 @@ from __future__ import annotations
 import argparse
 import functools
 import json
-import os
 import subprocess
 import sys
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+
+import _callgrind
 
 SYSCALLS = ("futex", "pwrite64", "fdatasync", "fcntl", "pread64")
 
@@ -65,25 +66,8 @@ def _command(threads: int, runs: int, query: str, traced: bool) -> list[str]:
 
 def instructions(threads: int, runs: int) -> float:
     """Instructions a step (every thread's) at ``synchronous=off``."""
-    with tempfile.TemporaryDirectory(prefix="effectflow-threads-callgrind-") as folder:
-        out = Path(folder) / "callgrind.out"
-        subprocess.run(
-            [
-                "valgrind",
-                "--tool=callgrind",
-                "--collect-atstart=no",
-                "--toggle-collect=sys_call_tracing",
-                f"--callgrind-out-file={out}",
-                *_command(threads, runs, "?synchronous=off", traced=True),
-            ],
-            env={**os.environ, "PYTHONHASHSEED": "0"},
-            check=True,
-            capture_output=True,
-        )
-        for line in out.read_text().splitlines():
-            if line.startswith("summary:"):
-                return int(line.split()[1]) / (runs * 10)
-    raise RuntimeError("callgrind wrote no summary line")
+    command = _command(threads, runs, "?synchronous=off", traced=True)
+    return _callgrind.instructions(command) / (runs * 10)
 
 
 def _strace_counts(threads: int, runs: int) -> dict[str, int]:
