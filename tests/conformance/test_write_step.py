@@ -1,5 +1,6 @@
-"""The write step's own commit, as issue 18 made it cheaper: the lease a fenced batch extends, the
-run row it writes once on SQLite, and the audit event hashed from the detail it stores."""
+"""The write step's own commit, as issue 18 made it cheaper: the lease a fenced batch extends (or,
+told not to, leaves where it is), the run row it writes once on SQLite, and the audit event hashed
+from the detail it stores."""
 
 from __future__ import annotations
 
@@ -50,6 +51,44 @@ def test_a_batch_fenced_out_after_its_lease_moved_changes_no_expiry(store: Ledge
     assert snapshot(store, "r1") == before
 
 
+@pytest.mark.parametrize("checked", [False, True], ids=["plain", "with_expectation"])
+def test_a_batch_that_does_not_renew_leaves_the_lease_where_it_is(
+    store: LedgerStore, checked: bool
+) -> None:
+    """``renews_lease=False`` (what the writer sends while two thirds of a lease are left): the
+    batch's rows land, the run's expiry stays where the last renewal put it (PostgreSQL: on the
+    one-trip path and, with an expectation, statement by statement through ``fence_run``), a
+    stale token is still refused with nothing written, and the next renewing batch moves it."""
+    create_run(store)
+    run = claim(store)
+    batch = intent_batch(run)
+    batch.renews_lease = False
+    if checked:
+        batch.expect_run(lease_token=run.lease_token)
+    store.apply(batch, lease_ttl=TTL, now=T0 + 7)
+    kept = store.get_run("r1")
+    assert kept is not None
+    assert (kept.lease_owner, kept.lease_expires_at, kept.updated_at) == ("w1", T0 + TTL, T0 + 7)
+    assert [s.step_id for s in store.steps("r1")] == ["send"]
+
+    taken = store.claim("r1", owner="w2", expected_token=run.lease_token, ttl=TTL, now=T0 + 8)
+    assert taken is not None
+    before = snapshot(store, "r1")
+    stale = Batch("r1", lease_token=run.lease_token, renews_lease=False)
+    stale.event("late", T0 + 9)
+    with pytest.raises(errors.LeaseLost):
+        store.apply(stale, lease_ttl=TTL, now=T0 + 9)
+    assert snapshot(store, "r1") == before
+
+    renewing = Batch("r1", lease_token=taken.lease_token)
+    renewing.event("on_time", T0 + 10)
+    store.apply(renewing, lease_ttl=TTL, now=T0 + 10)
+    moved = store.get_run("r1")
+    assert moved is not None
+    assert (moved.lease_owner, moved.lease_expires_at) == ("w2", T0 + 10 + TTL)
+    assert store.verify_audit() == []
+
+
 def test_sqlite_writes_a_fenced_batch_s_run_row_once(tmp_path: Path) -> None:
     """On SQLite the fence is a read under BEGIN IMMEDIATE's lock, and the lease's extension rides
     on the batch's one UPDATE of the run: one run-row write a transaction, not two."""
@@ -70,6 +109,20 @@ def test_sqlite_writes_a_fenced_batch_s_run_row_once(tmp_path: Path) -> None:
         assert "RETURNING" not in updates[0]
         assert seen[0] == "BEGIN IMMEDIATE"
         assert seen[-1] == "COMMIT"
+
+        # A batch that does not renew writes the run's row without its lease (so the lease's
+        # index entry, runs_by_status_lease, is not rewritten).
+        seen.clear()
+        quiet = intent_batch(run, "second")
+        quiet.renews_lease = False
+        conn.set_trace_callback(seen.append)
+        try:
+            store.apply(quiet, lease_ttl=TTL, now=T0 + 4)
+        finally:
+            conn.set_trace_callback(None)
+        updates = [s for s in seen if s.lstrip().upper().startswith("UPDATE RUNS")]
+        assert len(updates) == 1, seen
+        assert "lease_expires_at" not in updates[0]
     finally:
         store.close()
 

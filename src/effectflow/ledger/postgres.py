@@ -630,7 +630,7 @@ class PostgresStore(SQLCore, SQLReads):
             [rowmap.row_values(op, rowmap.OPERATION_FIELDS) for op in batch.operations],
         )
         changes = {rowmap.column(k): rowmap.value(k, v) for k, v in composed.changes.items()}
-        if fenced:
+        if fenced and batch.renews_lease:
             changes = {"lease_expires_at": now + lease_ttl, **changes}
         seal = shard_n = shard_prev = shard_new = None
         shard_after = None

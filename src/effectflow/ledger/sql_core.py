@@ -433,11 +433,12 @@ class SQLCore(abc.ABC):
     def _update_run(
         self, conn: Any, batch: Batch, changes: dict[str, Any], *, lease_ttl: float, now: float
     ) -> None:
-        """The batch's one UPDATE of its run: its changes, and, when the fence was a read, the
-        lease's extension first (so a change of the batch's own to the lease is the one kept, as
-        when ``fence_run`` had extended it before)."""
+        """The batch's one UPDATE of its run: its changes, and, when the fence was a read and the
+        batch renews its lease (``Batch.renews_lease``), the lease's extension first (so a change
+        of the batch's own to the lease is the one kept, as when ``fence_run`` had extended it
+        before)."""
         values = {rowmap.column(k): rowmap.value(k, v) for k, v in changes.items()}
-        if self._FENCE_BY_READ and batch.lease_token is not None:
+        if self._FENCE_BY_READ and batch.lease_token is not None and batch.renews_lease:
             values = {"lease_expires_at": now + lease_ttl, **values}
         if not values:
             return
@@ -472,8 +473,9 @@ class SQLCore(abc.ABC):
             if self._FENCE_BY_READ:
                 head = self._one(conn, self.SQL["fence_read"], (batch.run_id, batch.lease_token))
             else:
+                until = now + lease_ttl if batch.renews_lease else None  # None: left as it is
                 head = self._one(
-                    conn, self.SQL["fence_run"], (now + lease_ttl, batch.run_id, batch.lease_token)
+                    conn, self.SQL["fence_run"], (until, batch.run_id, batch.lease_token)
                 )
             if head is None:
                 raise errors.LeaseLost(

@@ -93,6 +93,17 @@ class Batch:
     #: sequence). A power cut before it loses a run that nobody was told of and that had called
     #: nothing.
     rides: bool = False
+    #: Whether a fenced batch extends its run's lease to ``now + lease_ttl`` (what every store
+    #: does unless told otherwise). ``LedgerWriter`` leaves a lease alone while two thirds of its
+    #: TTL are left, which the heartbeat's renewal every third of it keeps true: then the run's
+    #: row is written without its lease moving, so its lease index is not rewritten (SQLite: one
+    #: WAL page fewer a commit) and PostgreSQL updates the row in place (a HOT update, no index
+    #: entries) — BENCHMARKS.md, "Session 11".
+    renews_lease: bool = True
+    #: The writer renews this batch's lease whatever is left of it: the intent of a call whose
+    #: tool takes a deadline, which the lease bounds (``calling.send``), so the call gets the
+    #: whole TTL as before.
+    full_lease: bool = False
 
     def step(self, step: records.StepRecord) -> None:
         """Upsert a step row."""

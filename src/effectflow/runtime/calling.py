@@ -30,6 +30,7 @@ def send(
         # leave the step in doubt (looked up), never "not committed" (sent again).
         step, effect = call.mark(step, StepStatus.INTENT_RECORDED, NextAction.RECONCILE, now)
         batch = st.batch()
+        batch.full_lease = call.tool.takes_deadline  # the deadline is bounded by the lease
         batch.attempt(attempt)
         batch.step(step)
         batch.effect(effect)

@@ -1,16 +1,18 @@
 """Keeping the leases of the runs this process executes alive while their calls take time.
 
-Every ledger write renews its run's lease, but a single tool call may outlast the lease (a slow
-provider, a long deploy). A heartbeat thread renews the leases of every run held here every third
-of the TTL, and learns of any lease another worker took over: that run's state is marked lost, so
-the process stops at its next write (which the fencing token would refuse anyway).
+A ledger write renews its run's lease once a third of the TTL has passed since the last renewal
+(``RENEW_AFTER``), but a single tool call may outlast the lease (a slow provider, a long deploy). A
+heartbeat thread renews the leases of every run held here every third of the TTL, and learns of any
+lease another worker took over: that run's state is marked lost, so the process stops at its next
+write (which the fencing token would refuse anyway).
 
 Sizing the TTL (``DEFAULT_LEASE_TTL``): a worker that dies on another host is noticed only when its
 lease expires, so the TTL is the longest a crashed run waits before another worker takes it over (a
 dead pid on the same host is noticed at once, without waiting). What a shorter TTL costs is renewal
 writes: the heartbeat writes one statement per beat for all the runs a process holds (PostgreSQL;
-SQLite one short transaction), three times per TTL, and nothing at all while every run commits a
-step more often than that (each fenced write renews its lease). 30 s with a beat every 10 s is one
+SQLite one short transaction), three times per TTL; a run's own writes renew its lease only when
+the heartbeat has not for a third of the TTL (a stalled heartbeat), so they add no lease writes of
+their own to a run that commits often. 30 s with a beat every 10 s is one
 small write per process every 10 s, against a takeover within 30 s; a process stalled longer than a
 TTL (a stopped VM, a long GC pause, a partition) loses its runs, and its fencing token then refuses
 its writes.
@@ -34,6 +36,12 @@ log = logging.getLogger(__name__)
 
 #: Seconds a lease lasts without a write or a heartbeat renewing it (see the module docstring).
 DEFAULT_LEASE_TTL = 30.0
+
+#: The share of the TTL after which a lease is renewed: the heartbeat beats this often, and a
+#: write renews its run's lease only once this much of it has passed since the last renewal
+#: (``LedgerWriter``; a write in between leaves the run's lease, and its index entry, where they
+#: are).
+RENEW_AFTER = 1 / 3
 
 #: How many run ids a runtime remembers having stopped executing (``Leases.stopped``).
 _STOPPED_MEMORY = 10_000
@@ -189,7 +197,7 @@ class Leases:
             thread.join(timeout=5)
 
     def _beat(self) -> None:
-        interval = max(0.05, self._ttl / 3)
+        interval = max(0.05, self._ttl * RENEW_AFTER)
         while not self._wake.wait(interval):
             try:
                 self.beat()

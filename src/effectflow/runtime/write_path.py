@@ -194,6 +194,8 @@ def _record_intent(
         else 86400.0
     )
     batch = st.batch()
+    # A deadline is bounded by the lease this process can prove: its call gets a whole one.
+    batch.full_lease = call.tool.takes_deadline
     st.link_previous(call.step_id, batch)
     if call.compensates is not None:
         call.mark_original(batch, CompensationStatus.COMPENSATING, now)

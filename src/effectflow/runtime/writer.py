@@ -1,8 +1,10 @@
 """Writing a run's batches to the ledger under its lease: fencing, group commit, outage retries.
 
 Every write of a run carries the lease's fencing token, so a process that lost the lease writes
-nothing; the write renews the lease, and learns of an operator's cancel or compensate request
-recorded meanwhile (the store answers with the run's control).
+nothing; the write renews the lease once a third of its TTL has passed since the last renewal
+(``leases.RENEW_AFTER``, the heartbeat's interval: a write in between leaves the lease where it is,
+so the run's row is rewritten without its lease index), and learns of an operator's cancel or
+compensate request recorded meanwhile (the store answers with the run's control).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from effectflow import errors
 from effectflow.ledger.local import LocalTransaction
 from effectflow.ledger.store import Batch, LedgerStore
 from effectflow.runtime import group_commit as group_commit_mod
-from effectflow.runtime import outage
+from effectflow.runtime import leases, outage
 from effectflow.runtime import state as state_mod
 from effectflow.runtime.control import Control
 
@@ -106,7 +108,7 @@ class LedgerWriter:
         renewed, control = outage.write(
             self._store, batch, apply, clock=self._clock, patience=self._ledger_retry
         )
-        self._committed(state, renewed, control)
+        self._committed(state, batch, renewed, control)
 
     def away(self) -> None:
         """The calling thread leaves the step machine for a while (a tool call, a wait): with
@@ -125,7 +127,7 @@ class LedgerWriter:
         renewed, control = await outage.write_async(
             self._store, batch, apply, clock=self._clock, patience=self._ledger_retry
         )
-        self._committed(state, renewed, control)
+        self._committed(state, batch, renewed, control)
 
     async def apply_async(self, batch: Batch, now: float) -> dict[str, Any] | None:
         """Through the async group committer when it is on, else alone."""
@@ -154,18 +156,29 @@ class LedgerWriter:
         return value
 
     def _fence(self, state: state_mod.RunState, batch: Batch) -> float:
-        """Stamp the batch with the run's lease token; returns the time the lease is renewed from."""
+        """Stamp the batch with the run's lease token, and say whether it renews the lease: once
+        a third of the TTL has passed since the last renewal, or always when the batch asks for a
+        whole lease (``Batch.full_lease``). Returns the time the lease is renewed from (each try
+        decides again: a try after an outage may find the lease older)."""
         if state.lease_lost:
             raise errors.LeaseLost(
                 f"run {state.run.run_id}: another worker took the lease over; writing nothing",
                 run_id=state.run.run_id,
             )
         batch.lease_token = state.run.lease_token
-        return self._clock()
+        now = self._clock()
+        left = state.lease_valid_until - now
+        batch.renews_lease = batch.full_lease or left < self._lease_ttl * (1 - leases.RENEW_AFTER)
+        return now
 
     def _committed(
-        self, state: state_mod.RunState, renewed: float, control: dict[str, Any] | None
+        self,
+        state: state_mod.RunState,
+        batch: Batch,
+        renewed: float,
+        control: dict[str, Any] | None,
     ) -> None:
-        state.lease_valid_until = renewed + self._lease_ttl  # the fenced write renewed it
+        if batch.renews_lease:
+            state.lease_valid_until = renewed + self._lease_ttl  # the fenced write renewed it
         if control is not None:
             state.control = Control.of(control)

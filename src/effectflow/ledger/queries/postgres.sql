@@ -21,8 +21,10 @@ RETURNING audit_head, audit_count, seal_head, seal_count, control_json, status, 
 
 -- name: fence_run
 -- A fenced batch: its lease token must still be current. The UPDATE locks the run's row until the
--- COMMIT and extends the lease; no row means the lease was lost.
-UPDATE runs SET lease_expires_at = %s WHERE run_id = %s AND lease_token = %s
+-- COMMIT and extends the lease (a NULL leaves it as it is: ``Batch.renews_lease``); no row means
+-- the lease was lost.
+UPDATE runs SET lease_expires_at = COALESCE(%s, lease_expires_at)
+WHERE run_id = %s AND lease_token = %s
 RETURNING audit_head, audit_count, seal_head, seal_count, control_json, status, output_json,
           error_json, next_action, generation, workflow_version, workflow_code;
 

@@ -21,8 +21,10 @@ RETURNING audit_head, audit_count, seal_head, seal_count, control_json, status, 
 
 -- name: fence_run
 -- A fenced batch: its lease token must still be current. The UPDATE takes the run's write lock
--- (the file's, under BEGIN IMMEDIATE) and extends the lease; no row means the lease was lost.
-UPDATE runs SET lease_expires_at = ? WHERE run_id = ? AND lease_token = ?
+-- (the file's, under BEGIN IMMEDIATE) and extends the lease (a NULL leaves it as it is:
+-- ``Batch.renews_lease``); no row means the lease was lost.
+UPDATE runs SET lease_expires_at = COALESCE(?, lease_expires_at)
+WHERE run_id = ? AND lease_token = ?
 RETURNING audit_head, audit_count, seal_head, seal_count, control_json, status, output_json,
           error_json, next_action, generation, workflow_version, workflow_code;
 
