@@ -7,8 +7,10 @@ interleaved run: raw commits (``BEGIN IMMEDIATE``, one row into each of N tables
 the ledger commits) for N = 1, 5, 10, 20 — N tables write N leaf pages, so N WAL frames a
 commit — at ``synchronous=FULL`` and ``off``, on fresh files, with keys in order or random
 (``uuid4``, as the ledger's ids are). Printed: µs of wall time and of process CPU (user + system,
-which includes the kernel's work for each fsync) a commit, medians, and the least-squares slope
-of FULL's wall time over N: the price of one more frame a commit.
+which includes the kernel's work for each fsync) a commit, medians; FULL's wall time less off's
+(what the flush itself costs); and the least-squares slopes over N = 5 … 20 (a one-frame commit
+is its own case on a virtual disk: it was slower than a five-frame one in some runs) of FULL's
+wall time and of the flush's: the price of one more frame a commit.
 
 ``--file`` also times the same bytes written straight to a file and ``fdatasync``-ed: N frames as
 SQLite writes them (a 24-byte header and a 4,096-byte page, two ``pwrite`` each) against one
@@ -143,24 +145,31 @@ def main() -> None:
         print(
             f"# SQLite {sqlite3.sqlite_version}, {args.commits} commits a sample, medians of {args.repeats}"
         )
-        print("| keys | frames a commit | FULL wall µs | FULL CPU µs | off wall µs | off CPU µs |")
-        print("| --- | ---: | ---: | ---: | ---: | ---: |")
+        print(
+            "| keys | frames a commit | FULL wall µs | FULL CPU µs | off wall µs | off CPU µs "
+            "| FULL − off wall µs |"
+        )
+        print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
         for keys in (False, True):
-            full_walls = []
+            full_walls, flushes = [], []
             for frames in FRAMES:
                 full = samples[(frames, "FULL", keys)]
                 off = samples[(frames, "OFF", keys)]
                 fw = statistics.median(w for w, _ in full)
-                full_walls.append(fw)
+                ow = statistics.median(w for w, _ in off)
+                if frames >= 5:
+                    full_walls.append(fw)
+                    flushes.append(fw - ow)
                 print(
                     f"| {'random' if keys else 'in order'} | {frames} | {fw:,.0f} | "
-                    f"{statistics.median(c for _, c in full):,.0f} | "
-                    f"{statistics.median(w for w, _ in off):,.0f} | "
-                    f"{statistics.median(c for _, c in off):,.0f} |"
+                    f"{statistics.median(c for _, c in full):,.0f} | {ow:,.0f} | "
+                    f"{statistics.median(c for _, c in off):,.0f} | {fw - ow:,.0f} |"
                 )
+            xs = [float(f) for f in FRAMES if f >= 5]
             print(
-                f"| {'random' if keys else 'in order'} | slope | "
-                f"{_slope([float(f) for f in FRAMES], full_walls):,.1f} µs a frame | | | |"
+                f"| {'random' if keys else 'in order'} | slope, 5 … 20 | "
+                f"{_slope(xs, full_walls):,.1f} µs a frame | | | | "
+                f"{_slope(xs, flushes):,.1f} µs a frame |"
             )
         if files:
             print()
