@@ -630,8 +630,10 @@ class PostgresStore(SQLCore, SQLReads):
             [rowmap.row_values(op, rowmap.OPERATION_FIELDS) for op in batch.operations],
         )
         changes = {rowmap.column(k): rowmap.value(k, v) for k, v in composed.changes.items()}
-        if fenced and batch.renews_lease:
-            changes = {"lease_expires_at": now + lease_ttl, **changes}
+        if fenced and batch.renews_lease and "lease_expires_at" not in changes:
+            # The function moves the lease forward only (``GREATEST``): a heartbeat that read a
+            # later clock may have renewed it already. A batch's own change to it is kept as is.
+            changes = {"lease_renewed_to": now + lease_ttl, **changes}
         seal = shard_n = shard_prev = shard_new = None
         shard_after = None
         if composed.seal is not None and shard_head is not None:

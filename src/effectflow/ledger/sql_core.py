@@ -434,19 +434,26 @@ class SQLCore(abc.ABC):
         self, conn: Any, batch: Batch, changes: dict[str, Any], *, lease_ttl: float, now: float
     ) -> None:
         """The batch's one UPDATE of its run: its changes, and, when the fence was a read and the
-        batch renews its lease (``Batch.renews_lease``), the lease's extension first (so a change
-        of the batch's own to the lease is the one kept, as when ``fence_run`` had extended it
-        before)."""
+        batch renews its lease (``Batch.renews_lease``), the lease's extension, never back — unless
+        the batch changes the lease itself (a run ending gives it up), whose change is kept."""
         values = {rowmap.column(k): rowmap.value(k, v) for k, v in changes.items()}
-        if self._FENCE_BY_READ and batch.lease_token is not None and batch.renews_lease:
-            values = {"lease_expires_at": now + lease_ttl, **values}
-        if not values:
+        assignments = [f"{column} = {self._MARK}" for column in values]
+        params = list(values.values())
+        renews = self._FENCE_BY_READ and batch.lease_token is not None and batch.renews_lease
+        if renews and "lease_expires_at" not in values:
+            # Forward only (SQLite's two-argument max; NULL-safe): a heartbeat that read a later
+            # clock may have renewed it already.
+            mark = self._MARK
+            assignments.insert(
+                0, f"lease_expires_at = COALESCE(max(lease_expires_at, {mark}), {mark})"
+            )
+            params[:0] = [now + lease_ttl, now + lease_ttl]
+        if not assignments:
             return
-        assignments = ", ".join(f"{column} = {self._MARK}" for column in values)
         self._exec(
             conn,
-            self.SQL["update_run"].format(assignments=assignments),
-            [*values.values(), batch.run_id],
+            self.SQL["update_run"].format(assignments=", ".join(assignments)),
+            [*params, batch.run_id],
         )
 
     def _lock_run(self, conn: Any, batch: Batch, *, lease_ttl: float, now: float) -> rowmap.Row:

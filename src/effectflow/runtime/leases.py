@@ -167,25 +167,34 @@ class Leases:
             return list(self._held.values())
 
     def beat(self) -> list[str]:
-        """Renew every held lease once; returns the run ids found lost."""
+        """Renew every held lease once; returns the run ids found lost (taken over: a run this
+        process let go of since the beat began — it ended, paused or was released — is not)."""
         states = self.held()
         if not states:
             return []
         renewed = self._clock()
-        lost = self._store.heartbeat(
-            [(s.run.run_id, s.run.lease_token) for s in states],
-            ttl=self._ttl,
-            now=renewed,
+        lost = set(
+            self._store.heartbeat(
+                [(s.run.run_id, s.run.lease_token) for s in states],
+                ttl=self._ttl,
+                now=renewed,
+            )
         )
+        taken = []
         for state in states:
-            if state.run.run_id not in lost:
-                state.lease_valid_until = renewed + self._ttl
-        for run_id in lost:
-            for state in states:
-                if state.run.run_id == run_id:
-                    state.lease_lost = True
+            run_id = state.run.run_id
+            if run_id not in lost:
+                # Forward only, as the ledger moved it: a write may have renewed it further since
+                # this beat read its clock.
+                state.lease_valid_until = max(state.lease_valid_until, renewed + self._ttl)
+                continue
+            with self._lock:
+                if self._held.get(run_id) is not state:
+                    continue  # let go meanwhile: the ledger's lease has no owner, nothing taken
+            state.lease_lost = True
+            taken.append(run_id)
             log.warning("lease of run %s was taken over; this process stops writing it", run_id)
-        return lost
+        return taken
 
     def close(self) -> None:
         """Stop the heartbeat thread."""

@@ -109,6 +109,7 @@ class LedgerWriter:
             self._store, batch, apply, clock=self._clock, patience=self._ledger_retry
         )
         self._committed(state, batch, renewed, control)
+        self._renew_if_short(state, batch)
 
     def away(self) -> None:
         """The calling thread leaves the step machine for a while (a tool call, a wait): with
@@ -128,6 +129,7 @@ class LedgerWriter:
             self._store, batch, apply, clock=self._clock, patience=self._ledger_retry
         )
         self._committed(state, batch, renewed, control)
+        self._renew_if_short(state, batch)
 
     async def apply_async(self, batch: Batch, now: float) -> dict[str, Any] | None:
         """Through the async group committer when it is on, else alone."""
@@ -178,7 +180,29 @@ class LedgerWriter:
         renewed: float,
         control: dict[str, Any] | None,
     ) -> None:
-        if batch.renews_lease:
-            state.lease_valid_until = renewed + self._lease_ttl  # the fenced write renewed it
+        if batch.renews_lease:  # the fenced write renewed it (forward only, as the ledger)
+            state.lease_valid_until = max(state.lease_valid_until, renewed + self._lease_ttl)
         if control is not None:
             state.control = Control.of(control)
+
+    def _renew_if_short(self, state: state_mod.RunState, batch: Batch) -> None:
+        """A write that did not renew its lease, decided before it waited (for the ledger's lock,
+        through an outage), may have committed with less than two thirds of the lease left: renew
+        it now with the heartbeat's statement, as the write would have, so that the call after it
+        does not start on less (the heartbeat needs the same lock, so it may not have). Rare: a
+        write waits that long only when another holds the ledger. A ledger error here is left to
+        the call's own check, which refuses a lease this process cannot prove."""
+        if batch.renews_lease or state.lease_lost:
+            return
+        now = self._clock()
+        if state.lease_valid_until - now >= self._lease_ttl * (1 - leases.RENEW_AFTER):
+            return
+        lease = (state.run.run_id, state.run.lease_token)
+        try:
+            lost = self._store.heartbeat([lease], ttl=self._lease_ttl, now=now)
+        except errors.LedgerError:
+            return
+        if lost:
+            state.lease_lost = True
+        else:
+            state.lease_valid_until = max(state.lease_valid_until, now + self._lease_ttl)

@@ -21,9 +21,9 @@ RETURNING audit_head, audit_count, seal_head, seal_count, control_json, status, 
 
 -- name: fence_run
 -- A fenced batch: its lease token must still be current. The UPDATE locks the run's row until the
--- COMMIT and extends the lease (a NULL leaves it as it is: ``Batch.renews_lease``); no row means
--- the lease was lost.
-UPDATE runs SET lease_expires_at = COALESCE(%s, lease_expires_at)
+-- COMMIT and extends the lease, never back (a NULL leaves it as it is: ``Batch.renews_lease``); no
+-- row means the lease was lost.
+UPDATE runs SET lease_expires_at = GREATEST(lease_expires_at, %s)
 WHERE run_id = %s AND lease_token = %s
 RETURNING audit_head, audit_count, seal_head, seal_count, control_json, status, output_json,
           error_json, next_action, generation, workflow_version, workflow_code;
@@ -192,14 +192,18 @@ RETURNING *;
 -- name: heartbeat
 -- Extend every held lease in one statement (run ids and tokens as two arrays); a lease missing
 -- from the answer was lost. Rows are locked in run-id order, as group commits lock them, so a
--- worker's heartbeat and its own commits never deadlock.
+-- worker's heartbeat and its own commits never deadlock. A lease only moves forward (a beat that
+-- read its clock before a write renewed the lease must not move it back under a deadline given
+-- meanwhile), and a run that let its lease go (ended, or released: no owner) is not held: a late
+-- beat must not give it an expiry back.
 WITH held AS (
     SELECT runs.run_id FROM runs
     JOIN unnest(%s::text[], %s::bigint[]) AS lease (run_id, token)
       ON runs.run_id = lease.run_id AND runs.lease_token = lease.token
+    WHERE runs.lease_owner IS NOT NULL
     ORDER BY runs.run_id COLLATE "C"
     FOR UPDATE OF runs)
-UPDATE runs SET lease_expires_at = %s FROM held
+UPDATE runs SET lease_expires_at = GREATEST(runs.lease_expires_at, %s) FROM held
 WHERE runs.run_id = held.run_id
 RETURNING runs.run_id, runs.lease_token;
 

@@ -116,8 +116,9 @@ BEGIN
     IF p_audit IS NOT NULL THEN
         @insert_audit(p_audit)
     END IF;
-    -- The run's one UPDATE: the lease's extension and the batch's changes (over the row as it is,
-    -- so a column the batch does not set keeps its value).
+    -- The run's one UPDATE: the lease's extension (lease_renewed_to: forward only, as a heartbeat
+    -- may have moved it further already) and the batch's changes (over the row as it is, so a
+    -- column the batch does not set keeps its value).
     IF p_changes IS NOT NULL THEN
         UPDATE runs AS r SET (tenant, workflow, workflow_version, input_json, input_digest, status,
                               output_json, error_json, next_action, generation, created_at,
@@ -126,7 +127,11 @@ BEGIN
                               seal_count) =
             (SELECT c.tenant, c.workflow, c.workflow_version, c.input_json, c.input_digest,
                     c.status, c.output_json, c.error_json, c.next_action, c.generation,
-                    c.created_at, c.updated_at, c.lease_owner, c.lease_token, c.lease_expires_at,
+                    c.created_at, c.updated_at, c.lease_owner, c.lease_token,
+                    CASE WHEN p_changes->>'lease_renewed_to' IS NULL THEN c.lease_expires_at
+                         ELSE GREATEST(r.lease_expires_at,
+                                       (p_changes->>'lease_renewed_to')::double precision)
+                    END,
                     c.audit_head, c.audit_count, c.control_json, c.workflow_code, c.scope,
                     c.call_id, c.seal_head, c.seal_count
              FROM json_populate_record(r, p_changes) AS c)

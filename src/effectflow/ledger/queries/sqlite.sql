@@ -21,10 +21,10 @@ RETURNING audit_head, audit_count, seal_head, seal_count, control_json, status, 
 
 -- name: fence_run
 -- A fenced batch: its lease token must still be current. The UPDATE takes the run's write lock
--- (the file's, under BEGIN IMMEDIATE) and extends the lease (a NULL leaves it as it is:
--- ``Batch.renews_lease``); no row means the lease was lost.
-UPDATE runs SET lease_expires_at = COALESCE(?, lease_expires_at)
-WHERE run_id = ? AND lease_token = ?
+-- (the file's, under BEGIN IMMEDIATE) and extends the lease, never back (a NULL leaves it as it
+-- is: ``Batch.renews_lease``); no row means the lease was lost.
+UPDATE runs SET lease_expires_at = COALESCE(max(lease_expires_at, ?1), lease_expires_at, ?1)
+WHERE run_id = ?2 AND lease_token = ?3
 RETURNING audit_head, audit_count, seal_head, seal_count, control_json, status, output_json,
           error_json, next_action, generation, workflow_version, workflow_code;
 
@@ -198,8 +198,11 @@ WHERE run_id = ? AND lease_token = ?
 RETURNING *;
 
 -- name: heartbeat
--- Extend one held lease; no row: it was lost.
-UPDATE runs SET lease_expires_at = ? WHERE run_id = ? AND lease_token = ? RETURNING run_id;
+-- Extend one held lease, never back (a beat that read its clock before a write renewed the lease
+-- must not move it back under a deadline given meanwhile); no row: it was lost, or let go (ended
+-- or released: no owner, and a late beat must not give it an expiry back).
+UPDATE runs SET lease_expires_at = COALESCE(max(lease_expires_at, ?1), ?1)
+WHERE run_id = ?2 AND lease_token = ?3 AND lease_owner IS NOT NULL RETURNING run_id;
 
 -- name: release
 -- Give the lease up (workers poll: nothing to announce on the channel PostgreSQL notifies).
