@@ -195,3 +195,38 @@ def test_lean_write_times_every_design_beside_effectflow() -> None:
     assert list(rows) == ["floor", "journal", "journal+effects", "lean", "effectflow"]
     frames = [float(rows[d][4]) for d in rows]
     assert frames == sorted(frames)
+
+
+def test_frame_cost_prints_each_frame_count_and_the_slopes(tmp_path: Path) -> None:
+    """`frame_cost.py` (BENCHMARKS.md, "What one more WAL frame costs a durable commit") runs
+    every case it compares, with the bare-file writes, and prints a slope for each kind of key."""
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(SCRIPT.parent / "frame_cost.py"),
+            "--repeats",
+            "1",
+            "--commits",
+            "20",
+            "--file",
+            "--dir",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    rows = [line for line in done.stdout.splitlines() if line.startswith("| ")]
+    for keys in ("in order", "random"):
+        assert [r.split("|")[2].strip() for r in rows if r.startswith(f"| {keys} |")] == [
+            "1",
+            "5",
+            "10",
+            "20",
+            "slope, 5 … 20",
+        ]
+    assert sum(r.startswith("| 2 pwrite a frame |") for r in rows) == 4
+    assert sum(r.startswith("| one pwrite |") for r in rows) == 4
+    assert list(tmp_path.iterdir()) == []  # its files are removed
