@@ -194,6 +194,8 @@ class LedgerWriter:
         the call's own check, which refuses a lease this process cannot prove."""
         if batch.renews_lease or state.lease_lost:
             return
+        if "lease_owner" in batch.run_changes or "lease_expires_at" in batch.run_changes:
+            return  # the batch let the lease go (the run ended, paused, was released)
         now = self._clock()
         if state.lease_valid_until - now >= self._lease_ttl * (1 - leases.RENEW_AFTER):
             return
