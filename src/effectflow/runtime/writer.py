@@ -169,9 +169,13 @@ class LedgerWriter:
             )
         batch.lease_token = state.run.lease_token
         now = self._clock()
-        left = state.lease_valid_until - now
-        batch.renews_lease = batch.full_lease or left < self._lease_ttl * (1 - leases.RENEW_AFTER)
+        batch.renews_lease = batch.full_lease or self._due(state, now)
         return now
+
+    def _due(self, state: state_mod.RunState, now: float) -> bool:
+        """Whether the run's lease is due for renewal: less than two thirds of the TTL left (a
+        third of it passed since the last renewal, ``leases.RENEW_AFTER``)."""
+        return state.lease_valid_until - now < self._lease_ttl * (1 - leases.RENEW_AFTER)
 
     def _committed(
         self,
@@ -197,7 +201,7 @@ class LedgerWriter:
         if "lease_owner" in batch.run_changes or "lease_expires_at" in batch.run_changes:
             return  # the batch let the lease go (the run ended, paused, was released)
         now = self._clock()
-        if state.lease_valid_until - now >= self._lease_ttl * (1 - leases.RENEW_AFTER):
+        if not self._due(state, now):
             return
         lease = (state.run.run_id, state.run.lease_token)
         try:
